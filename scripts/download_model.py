@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Stage 0: put a model checkpoint in place, from the HF hub, ModelScope, the synthetic generator or a local dir."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tritontts.spark import layout as spark_layout
+
+LAYOUTS = {"spark_tts": spark_layout}
+OFFLINE_HINT = "No network? Use --model_source synthetic-tiny (or synthetic-full) to write a synthetic checkpoint."
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def download_huggingface(repo: str, out: Path) -> None:
+    from huggingface_hub import snapshot_download
+
+    # Resumes interrupted downloads and shows a tqdm bar per file.
+    snapshot_download(repo_id=repo, local_dir=str(out))
+
+
+def download_modelscope(repo: str, out: Path) -> None:
+    from modelscope import snapshot_download
+
+    snapshot_download(repo, local_dir=str(out))
+
+
+def write_synthetic(model: str, preset: str, out: Path, seed: int) -> None:
+    if model == "spark_tts":
+        from tritontts.synthetic.spark import write_spark_checkpoint
+
+        write_spark_checkpoint(out, preset=preset, seed=seed)
+    else:
+        fail(f"no synthetic generator for model {model}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="spark_tts", choices=sorted(LAYOUTS))
+    parser.add_argument(
+        "--model_source",
+        default="huggingface",
+        help="huggingface | modelscope | synthetic-tiny | synthetic-full | a local checkpoint directory",
+    )
+    parser.add_argument("--output_dir", type=Path, help="where hub and synthetic checkpoints go (not used for a local dir)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    layout = LAYOUTS[args.model]
+    out: Path = args.output_dir
+    source: str = args.model_source
+
+    if out is None and not Path(source).is_dir():
+        fail("--output_dir is required unless --model_source is a local directory")
+    if source.startswith("synthetic-"):
+        write_synthetic(args.model, source.removeprefix("synthetic-"), out, args.seed)
+    elif source in ("huggingface", "modelscope"):
+        if not layout.missing_files(out):
+            print(f"{out} is complete; nothing to download")
+            return
+        repo = layout.HF_REPO if source == "huggingface" else layout.MODELSCOPE_REPO
+        print(f"downloading {repo} from {source} into {out}")
+        try:
+            (download_huggingface if source == "huggingface" else download_modelscope)(repo, out)
+        except Exception as err:  # noqa: BLE001 - any failure of the hub client ends here, explained
+            fail(f"download of {repo} from {source} failed: {type(err).__name__}: {err}\n{OFFLINE_HINT}")
+    else:
+        out = Path(source)
+        if not out.is_dir():
+            fail(f"--model_source {source!r} is neither a known source nor a directory. {OFFLINE_HINT}")
+
+    missing = layout.missing_files(out)
+    if missing:
+        fail(f"{out} is not a complete {args.model} checkpoint; missing: {', '.join(missing)}")
+    print(f"{args.model} checkpoint ready at {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""A bounded cache of what a reference voice costs to compute, keyed by the audio's content."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+import numpy as np
+
+V = TypeVar("V")
+
+
+def audio_key(wav: np.ndarray, sample_rate: int, extra: str = "") -> str:
+    """A content hash of the samples (as float32), the rate and any extra text such as a model name."""
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(wav, dtype=np.float32).tobytes())
+    digest.update(f"|{sample_rate}|{extra}".encode())
+    return digest.hexdigest()
+
+
+class VoiceCache(Generic[V]):
+    """Thread-safe LRU map from `audio_key` to a value, holding at most `capacity` entries."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, V] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> V | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return value
+
+    def put(self, key: str, value: V) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
