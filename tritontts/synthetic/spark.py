@@ -1,0 +1,55 @@
+"""A whole synthetic Spark-TTS-0.5B checkpoint directory, laid out like the hub repository."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tritontts.spark.layout import missing_files
+from tritontts.synthetic.qwen2 import write_qwen2
+from tritontts.synthetic.tokenizer import build_spark_tokenizer
+
+MARKER = "SYNTHETIC.json"
+PRESETS = ("tiny", "full")
+
+
+def write_spark_llm(llm_dir: str | Path, preset: str = "tiny", seed: int = 0, **qwen2_options) -> Path:
+    """`LLM/`: the Qwen2 config and weights plus the tokenizer files."""
+    llm_dir = Path(llm_dir)
+    write_qwen2(llm_dir, preset, seed, **qwen2_options)
+    build_spark_tokenizer(llm_dir)
+    return llm_dir
+
+
+def read_marker(out_dir: str | Path) -> dict | None:
+    path = Path(out_dir) / MARKER
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def is_complete(out_dir: str | Path, preset: str, seed: int) -> bool:
+    """True when `out_dir` holds every required file and was written with this preset and seed."""
+    marker = read_marker(out_dir)
+    same = marker is not None and marker.get("preset") == preset and marker.get("seed") == seed
+    return same and not missing_files(out_dir)
+
+
+def write_spark_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
+    """Write config.yaml, BiCodec/, wav2vec2-large-xlsr-53/, LLM/ and the SYNTHETIC.json marker; return out_dir."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {PRESETS}")
+    from tritontts.synthetic.bicodec import write_bicodec
+    from tritontts.synthetic.wav2vec2 import write_wav2vec2
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_bicodec(out_dir, preset, seed)
+    write_wav2vec2(out_dir / "wav2vec2-large-xlsr-53", preset, seed)
+    write_spark_llm(out_dir / "LLM", preset, seed)
+    missing = missing_files(out_dir)
+    if missing:
+        raise RuntimeError(f"synthetic checkpoint in {out_dir} is incomplete: {', '.join(missing)}")
+    marker = {"preset": preset, "seed": seed, "note": "random weights, not a trained model"}
+    (out_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return out_dir
