@@ -10,7 +10,9 @@ from pathlib import Path
 from tritontts.spark import layout as spark_layout
 
 LAYOUTS = {"spark_tts": spark_layout}
-OFFLINE_HINT = "No network? Use --model_source synthetic-tiny (or synthetic-full) to write a synthetic checkpoint."
+OFFLINE_HINT = (
+    "No network? Use --model_source synthetic-tiny (or synthetic-full) to write a synthetic checkpoint."
+)
 
 
 def fail(message: str) -> None:
@@ -48,7 +50,9 @@ def main() -> None:
         default="huggingface",
         help="huggingface | modelscope | synthetic-tiny | synthetic-full | a local checkpoint directory",
     )
-    parser.add_argument("--output_dir", type=Path, help="where hub and synthetic checkpoints go (not used for a local dir)")
+    parser.add_argument(
+        "--output_dir", type=Path, help="where hub and synthetic checkpoints go (not used for a local dir)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     layout = LAYOUTS[args.model]

@@ -21,7 +21,9 @@ class AudioLimits:
     max_seconds: float = 30.0
 
 
-def check_waveform(wav: np.ndarray, sample_rate: int, limits: AudioLimits = AudioLimits(), name: str = "audio") -> np.ndarray:
+def check_waveform(
+    wav: np.ndarray, sample_rate: int, limits: AudioLimits = AudioLimits(), name: str = "audio"
+) -> np.ndarray:
     """A 1-D float32 copy of `wav`, or an AudioError naming `name` and the problem."""
     wav = np.asarray(wav)
     if wav.ndim == 2 and 1 in wav.shape:

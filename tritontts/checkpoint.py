@@ -44,7 +44,9 @@ def find_weights(directory: str | Path, candidates: Iterable[str]) -> Path:
     raise CheckpointError(f"no weight file in {directory}: looked for {', '.join(names)}")
 
 
-def write_safetensors(state: Mapping[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
+def write_safetensors(
+    state: Mapping[str, torch.Tensor], path: str | Path, metadata: dict | None = None
+) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     save_safetensors(tensors, str(path), metadata=metadata or {"format": "pt"})

@@ -24,7 +24,12 @@ class ChunkSchedule:
 
     @classmethod
     def from_durations(
-        cls, chunk_seconds: float, max_chunk_seconds: float, scale: float, overlap_seconds: float, token_rate: float
+        cls,
+        chunk_seconds: float,
+        max_chunk_seconds: float,
+        scale: float,
+        overlap_seconds: float,
+        token_rate: float,
     ) -> ChunkSchedule:
         if chunk_seconds <= 0 or max_chunk_seconds < chunk_seconds:
             raise ValueError("need 0 < audio_chunk_duration <= max_audio_chunk_duration")
@@ -33,7 +38,9 @@ class ChunkSchedule:
         first = math.ceil(chunk_seconds * token_rate)
         overlap = math.ceil(overlap_seconds * token_rate)
         if not 0 <= overlap < first:
-            raise ValueError("audio_chunk_overlap_duration must be >= 0 and shorter than audio_chunk_duration")
+            raise ValueError(
+                "audio_chunk_overlap_duration must be >= 0 and shorter than audio_chunk_duration"
+            )
         return cls(first, math.ceil(max_chunk_seconds * token_rate), scale, overlap)
 
 

@@ -1,0 +1,190 @@
+"""What the `spark_tts` BLS model does, independent of Triton: check a request, find the voice, prompt the LLM,
+turn the generated tokens into audio, whole or in chunks.
+
+The three calls into other models are injected, so the same code runs under Triton (BLS requests) and in
+one process (offline inference, tests).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tritontts.audio import AudioError, AudioLimits, check_waveform
+from tritontts.spark.prompt import (
+    END_CONTENT,
+    END_GLOBAL,
+    START_CONTENT,
+    START_GLOBAL,
+    START_SEMANTIC,
+    TASK_TTS,
+    SparkTokenIds,
+    load_llm_tokenizer,
+    read_eos_token,
+)
+from tritontts.streaming import ChunkSchedule, TokenChunker
+from tritontts.triton.llm_contract import SamplingParams
+from tritontts.voice_cache import VoiceCache, audio_key
+
+SAMPLE_RATE = 16000
+TOKEN_RATE = 50
+
+
+class RequestError(ValueError):
+    """A request field that is missing or wrong; the message names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class VoiceTokens:
+    global_tokens: np.ndarray
+    semantic_tokens: np.ndarray
+
+
+@dataclass(frozen=True)
+class SparkRequest:
+    reference_wav: np.ndarray
+    reference_text: str
+    target_text: str
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_text_length: int = 1000
+    audio: AudioLimits = AudioLimits()
+
+
+TokenizeVoice = Callable[[np.ndarray], VoiceTokens]
+Generate = Callable[[np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
+Vocode = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def check_text(value: str, field: str, limits: RequestLimits, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise RequestError(field, f"must be a UTF-8 string, got {type(value).__name__}")
+    if not value.strip() and not allow_empty:
+        raise RequestError(field, "is empty")
+    if len(value) > limits.max_text_length:
+        raise RequestError(
+            field, f"has {len(value)} characters; at most {limits.max_text_length} are accepted"
+        )
+    return value
+
+
+def check_request(
+    reference_wav: np.ndarray, reference_text: str, target_text: str, limits: RequestLimits
+) -> SparkRequest:
+    try:
+        wav = check_waveform(reference_wav, SAMPLE_RATE, limits.audio, name="reference_wav")
+    except AudioError as err:
+        raise RequestError("reference_wav", str(err).removeprefix("reference_wav ")) from err
+    return SparkRequest(
+        wav,
+        check_text(reference_text, "reference_text", limits, allow_empty=True),
+        check_text(target_text, "target_text", limits),
+    )
+
+
+class SparkPrompter:
+    """Prompt token ids for the Spark-TTS LLM, exactly as tokenizing upstream's prompt string gives them."""
+
+    def __init__(self, llm_dir: str | Path) -> None:
+        self.tokenizer = load_llm_tokenizer(llm_dir)
+        self.ids = SparkTokenIds.from_llm_dir(llm_dir)
+        self.pad_id = self._pad_id(Path(llm_dir))
+        self._marker = {
+            m: self.tokenizer.token_to_id(m)
+            for m in (TASK_TTS, START_CONTENT, END_CONTENT, START_GLOBAL, END_GLOBAL, START_SEMANTIC)
+        }
+
+    def _pad_id(self, llm_dir: Path) -> int:
+        config = json.loads((llm_dir / "tokenizer_config.json").read_text())
+        pad = config.get("pad_token")
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        pad_id = self.tokenizer.token_to_id(pad) if pad else None
+        return pad_id if pad_id is not None else self.tokenizer.token_to_id(read_eos_token(llm_dir))
+
+    @property
+    def end_id(self) -> int:
+        return self.ids.eos
+
+    def prompt_ids(self, reference_text: str, target_text: str, voice: VoiceTokens) -> np.ndarray:
+        m = self._marker
+        text_ids = self.tokenizer.encode(reference_text + target_text, add_special_tokens=False).ids
+        ids = [m[TASK_TTS], m[START_CONTENT], *text_ids, m[END_CONTENT], m[START_GLOBAL]]
+        ids += [self.ids.global_token_id(int(g)) for g in voice.global_tokens]
+        ids.append(m[END_GLOBAL])
+        if reference_text:
+            ids.append(m[START_SEMANTIC])
+            ids += [self.ids.semantic_token_id(int(s)) for s in voice.semantic_tokens]
+        return np.asarray(ids, dtype=np.int32)
+
+
+class SparkTTSService:
+    def __init__(
+        self,
+        prompter: SparkPrompter,
+        tokenize_voice: TokenizeVoice,
+        generate: Generate,
+        vocode: Vocode,
+        sampling: SamplingParams | None = None,
+        schedule: ChunkSchedule | None = None,
+        limits: RequestLimits = RequestLimits(),
+        voice_cache_size: int = 256,
+    ) -> None:
+        self.prompter = prompter
+        self.tokenize_voice = tokenize_voice
+        self.generate = generate
+        self.vocode = vocode
+        self.sampling = sampling or SamplingParams()
+        self.schedule = schedule or ChunkSchedule.from_durations(1.0, 30.0, 8.0, 0.1, TOKEN_RATE)
+        self.limits = limits
+        self.voices: VoiceCache[VoiceTokens] = VoiceCache(voice_cache_size)
+
+    def voice(self, wav: np.ndarray) -> VoiceTokens:
+        key = audio_key(wav, SAMPLE_RATE, "spark_tts")
+        voice = self.voices.get(key)
+        if voice is None:
+            voice = self.tokenize_voice(wav)
+            self.voices.put(key, voice)
+        return voice
+
+    def _generate(self, request: SparkRequest, streaming: bool) -> tuple[VoiceTokens, Iterator[np.ndarray]]:
+        voice = self.voice(request.reference_wav)
+        prompt = self.prompter.prompt_ids(request.reference_text, request.target_text, voice)
+        return voice, self.generate(prompt, self.sampling, streaming)
+
+    def synthesize(self, request: SparkRequest) -> np.ndarray:
+        voice, stream = self._generate(request, streaming=False)
+        semantic = [s for ids in stream for s in self.prompter.ids.semantic_ids(ids.tolist())]
+        if not semantic:
+            raise RuntimeError("the LLM generated no semantic tokens")
+        return self.vocode(voice.global_tokens, np.asarray(semantic, dtype=np.int32))
+
+    def stream(self, request: SparkRequest) -> Iterator[np.ndarray]:
+        """Audio chunks that overlap by the schedule's overlap, for the client to cross-fade.
+
+        Closing this generator early (a cancelled request) closes the LLM stream, which cancels generation.
+        """
+        voice, stream = self._generate(request, streaming=True)
+        chunker = TokenChunker(self.schedule)
+        try:
+            for ids in stream:
+                for chunk in chunker.push(self.prompter.ids.semantic_ids(ids.tolist())):
+                    yield self.vocode(voice.global_tokens, np.asarray(chunk, dtype=np.int32))
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        last = chunker.finish()
+        if last is None and chunker.emitted == 0:
+            raise RuntimeError("the LLM generated no semantic tokens")
+        if last:
+            yield self.vocode(voice.global_tokens, np.asarray(last, dtype=np.int32))
