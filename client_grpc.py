@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Benchmark (or try once) a TTS model served by Triton over gRPC, offline or streaming.
+
+    python client_grpc.py --model-name spark_tts --mode streaming --num-tasks 4 \
+        --huggingface-dataset yuekai/seed_tts --split-name wenetspeech4tts --log-dir exp/bench
+    python client_grpc.py --mode offline --sweep 1,2,4,8,16 --huggingface-dataset exp/bench_data
+    python client_grpc.py --reference-audio prompt.wav --reference-text "..." --target-text "..."
+
+Each of `--num-tasks` workers is a thread with its own gRPC client, sending its share of the rows one after
+another. Streaming requests go over a decoupled stream; the first-chunk latency is taken when the first
+non-empty audio chunk arrives in the stream's callback. Writes summary.json, summary.md, latency.png and
+one WAV per row into --log-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import soundfile
+
+from tritontts.bench import triton_io
+from tritontts.bench.dataset import DatasetError, Utterance, load_manifest, load_utterances
+from tritontts.bench.report import markdown_table, write_report
+from tritontts.bench.stats import BenchmarkRun, RequestRecord
+from tritontts.streaming import crossfade_concat
+
+DEFAULT_PADDING_SECONDS = {"offline": 1.0, "streaming": 10.0}
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server-addr", default="localhost", help="Triton host")
+    p.add_argument("--server-port", type=int, default=8001, help="Triton gRPC port")
+    p.add_argument(
+        "--model-name", default="spark_tts", help="Triton model to request (spark_tts, cosyvoice2)"
+    )
+    p.add_argument("--mode", choices=["offline", "streaming"], default="offline")
+    p.add_argument("--num-tasks", type=int, default=1, help="concurrent requests (worker threads)")
+    p.add_argument(
+        "--sweep", default=None, help="comma-separated concurrencies run one after another, e.g. 1,2,4,8"
+    )
+    p.add_argument("--log-dir", default="./tmp", help="where summaries, the plot and the WAVs go")
+    p.add_argument(
+        "--huggingface-dataset",
+        default="yuekai/seed_tts",
+        help="hub name, save_to_disk dir, parquet file or dir, or manifest",
+    )
+    p.add_argument("--split-name", default="wenetspeech4tts", help="dataset split")
+    p.add_argument(
+        "--manifest-path",
+        default=None,
+        help="upstream manifest: id|prompt_text|prompt_wav|target_text per line",
+    )
+    p.add_argument("--reference-audio", default=None, help="single-utterance mode: the prompt WAV")
+    p.add_argument("--reference-text", default="", help="single-utterance mode: the prompt's transcript")
+    p.add_argument("--target-text", default="", help="single-utterance mode: the text to speak")
+    p.add_argument(
+        "--chunk-overlap-duration", type=float, default=0.1, help="seconds consecutive chunks overlap"
+    )
+    p.add_argument("--sample-rate", type=int, default=None, help="output sample rate; default by model name")
+    p.add_argument(
+        "--padding-duration",
+        type=float,
+        default=None,
+        help="pad reference audio to a multiple of this many seconds (default: 1 offline, 10 streaming; 0: none)",
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=300.0, help="seconds to wait for any one response"
+    )
+    p.add_argument(
+        "--log-interval", type=int, default=5, help="kept for upstream compatibility (tqdm shows progress)"
+    )
+    p.add_argument(
+        "--compute-wer", action="store_true", help="not supported; accepted for upstream compatibility"
+    )
+    return p
+
+
+def split_data(items: Sequence, parts: int) -> list[list]:
+    """Contiguous shares as equal as possible, the first ones one longer, as upstream splits them."""
+    parts = max(1, min(parts, len(items)))
+    quotient, remainder = divmod(len(items), parts)
+    shares, start = [], 0
+    for i in range(parts):
+        end = start + quotient + (1 if i < remainder else 0)
+        shares.append(list(items[start:end]))
+        start = end
+    return shares
+
+
+def load_items(args: argparse.Namespace) -> list[Utterance]:
+    if args.reference_audio:
+        wav, rate = soundfile.read(args.reference_audio, dtype="float32", always_2d=True)
+        return [Utterance("test", args.reference_text, wav[:, 0], int(rate), args.target_text)]
+    if args.manifest_path:
+        return load_manifest(args.manifest_path)
+    return load_utterances(args.huggingface_dataset, args.split_name)
+
+
+class Requester:
+    """Sends requests over one gRPC client; one per worker thread."""
+
+    def __init__(self, args: argparse.Namespace, output_rate: int) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.grpc = grpcclient
+        self.args = args
+        self.output_rate = output_rate
+        self.client = grpcclient.InferenceServerClient(url=f"{args.server_addr}:{args.server_port}")
+        padding = args.padding_duration
+        self.padding = DEFAULT_PADDING_SECONDS[args.mode] if padding is None else padding
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _inputs(self, utt: Utterance) -> list:
+        samples = triton_io.reference_samples(utt.prompt_audio, utt.sample_rate)
+        arrays = triton_io.request_arrays(samples, utt.prompt_text, utt.target_text, self.padding)
+        return triton_io.infer_inputs(self.grpc, arrays)
+
+    def offline(self, utt: Utterance) -> tuple[np.ndarray, RequestRecord]:
+        inputs, outputs = self._inputs(utt), triton_io.requested_outputs(self.grpc)
+        start = time.perf_counter()
+        result = self.client.infer(
+            self.args.model_name,
+            inputs,
+            outputs=outputs,
+            request_id=uuid.uuid4().hex,
+            client_timeout=self.args.request_timeout,
+        )
+        latency = time.perf_counter() - start
+        audio = triton_io.waveform(result)
+        return audio, RequestRecord(utt.id, latency, audio.size / self.output_rate, chunks=1)
+
+    def streaming(self, utt: Utterance) -> tuple[np.ndarray, RequestRecord]:
+        inputs, outputs = self._inputs(utt), triton_io.requested_outputs(self.grpc)
+        responses: queue.Queue = queue.Queue()
+        self.client.start_stream(
+            callback=lambda result, error: responses.put((time.perf_counter(), result, error))
+        )
+        chunks: list[np.ndarray] = []
+        first_chunk = None
+        try:
+            start = time.perf_counter()
+            self.client.async_stream_infer(
+                self.args.model_name,
+                inputs,
+                outputs=outputs,
+                request_id=uuid.uuid4().hex,
+                enable_empty_final_response=True,
+            )
+            while True:
+                try:
+                    arrived, result, error = responses.get(timeout=self.args.request_timeout)
+                except queue.Empty:
+                    raise TimeoutError(f"no response within {self.args.request_timeout} s") from None
+                if error is not None:
+                    raise RuntimeError(str(error))
+                chunk = triton_io.waveform(result)
+                if chunk.size:
+                    first_chunk = arrived - start if first_chunk is None else first_chunk
+                    chunks.append(chunk)
+                if triton_io.is_final(result):
+                    latency = arrived - start
+                    break
+        finally:
+            self.client.stop_stream()
+        overlap = int(round(self.args.chunk_overlap_duration * self.output_rate))
+        audio = crossfade_concat(chunks, overlap)
+        return audio, RequestRecord(utt.id, latency, audio.size / self.output_rate, first_chunk, len(chunks))
+
+
+def run_benchmark(
+    args: argparse.Namespace, items: Sequence[Utterance], concurrency: int, wav_dir: Path
+) -> BenchmarkRun:
+    """Sends every item once with `concurrency` workers; failed requests are recorded, not raised."""
+    from tqdm import tqdm
+
+    output_rate = triton_io.output_sample_rate(args.model_name, args.sample_rate)
+    wav_dir.mkdir(parents=True, exist_ok=True)
+    shares = split_data(items, concurrency)
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    progress = tqdm(
+        total=len(items),
+        desc=f"{args.mode} x{len(shares)}",
+        unit="req",
+        file=sys.stderr,
+        disable=len(items) == 1,
+    )
+
+    def work(share: list[Utterance]) -> None:
+        requester = Requester(args, output_rate)
+        send = requester.streaming if args.mode == "streaming" else requester.offline
+        try:
+            for utt in share:
+                try:
+                    audio, record = send(utt)
+                    soundfile.write(wav_dir / f"{utt.id}.wav", audio, output_rate, subtype="PCM_16")
+                except Exception as error:
+                    message = (
+                        str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    )
+                    record = RequestRecord(utt.id, 0.0, error=message)
+                    progress.write(f"request {utt.id} failed: {message}", file=sys.stderr)
+                with lock:
+                    records.append(record)
+                    progress.update(1)
+        finally:
+            requester.close()
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+        for future in [pool.submit(work, share) for share in shares]:
+            future.result()
+    wall = time.perf_counter() - start
+    progress.close()
+    order = {utt.id: i for i, utt in enumerate(items)}
+    records.sort(key=lambda r: order.get(r.id, len(order)))
+    return BenchmarkRun(args.mode, len(shares), wall, records)
+
+
+def concurrencies(args: argparse.Namespace) -> list[int]:
+    if not args.sweep:
+        return [args.num_tasks]
+    values = [int(v) for v in args.sweep.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise ValueError(f"--sweep needs positive integers, got '{args.sweep}'")
+    return values
+
+
+def check_server(args: argparse.Namespace) -> None:
+    import tritonclient.grpc as grpcclient
+
+    url = f"{args.server_addr}:{args.server_port}"
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        triton_io.check_server(client, url, "gRPC", args.model_name, streaming=args.mode == "streaming")
+    finally:
+        client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = get_parser().parse_args(argv)
+    try:
+        levels = concurrencies(args)
+        check_server(args)
+        output_rate = triton_io.output_sample_rate(args.model_name, args.sample_rate)
+        items = load_items(args)
+    except (triton_io.ServerCheckError, DatasetError, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not items:
+        print("error: the dataset has no rows", file=sys.stderr)
+        return 2
+    log_dir = Path(args.log_dir)
+
+    if args.reference_audio:
+        run = run_benchmark(args, items, 1, log_dir)
+        record = run.records[0]
+        if not record.ok:
+            print(f"error: request failed: {record.error}", file=sys.stderr)
+            return 1
+        first = (
+            ""
+            if record.first_chunk_latency is None
+            else f", first chunk {record.first_chunk_latency * 1000:.1f} ms"
+        )
+        print(
+            f"wrote {log_dir / 'test.wav'}: {record.audio_seconds:.2f} s of audio at {output_rate} Hz, "
+            f"latency {record.latency * 1000:.1f} ms{first}, RTF {record.rtf:.4f}"
+        )
+        return 0
+
+    runs = []
+    for level in levels:
+        wav_dir = log_dir if len(levels) == 1 else log_dir / f"concurrency_{level}"
+        runs.append(run_benchmark(args, items, level, wav_dir))
+    metadata = {
+        "model_name": args.model_name,
+        "server": f"{args.server_addr}:{args.server_port}",
+        "protocol": "grpc",
+        "dataset": args.manifest_path or args.huggingface_dataset,
+        "split": None if args.manifest_path else args.split_name,
+        "rows": len(items),
+        "output_sample_rate": output_rate,
+        "chunk_overlap_duration": args.chunk_overlap_duration,
+    }
+    paths = write_report(runs, log_dir, metadata)
+    print(markdown_table(runs), end="")
+    print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
+    failed = sum(not r.ok for run in runs for r in run.records)
+    if failed:
+        print(f"error: {failed} request(s) failed; see 'errors' in {paths['json']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

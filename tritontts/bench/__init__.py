@@ -1,0 +1,1 @@
+"""Benchmarking our Triton TTS models: datasets, request tensors, latency statistics and reports."""
