@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from tritontts.spark.prompt import build_voice_clone_prompt, load_llm_tokenizer
-from tritontts.spark.service import RequestError, RequestLimits, SparkPrompter, VoiceTokens, check_request
+from tritontts.spark.service import RequestLimits, SparkPrompter, VoiceTokens, check_request
 from tritontts.synthetic.tokenizer import build_spark_tokenizer
+from tritontts.triton.params import RequestError
 
 
 @pytest.fixture(scope="module")

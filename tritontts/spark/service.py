@@ -28,18 +28,11 @@ from tritontts.spark.prompt import (
 )
 from tritontts.streaming import ChunkSchedule, TokenChunker
 from tritontts.triton.llm_contract import SamplingParams
+from tritontts.triton.params import RequestError
 from tritontts.voice_cache import VoiceCache, audio_key
 
 SAMPLE_RATE = 16000
 TOKEN_RATE = 50
-
-
-class RequestError(ValueError):
-    """A request field that is missing or wrong; the message names the field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Run tritonserver in the background and stop it again, by pid file.
+
+    python scripts/triton_server.py prepare
+    python scripts/triton_server.py start --model-repo REPO [--http-port 8000 --grpc-port 8001 ...]
+        [--pid-file F --log-file L --timeout 600] [-- EXTRA TRITONSERVER ARGS]
+    python scripts/triton_server.py status --pid-file F
+    python scripts/triton_server.py stop --pid-file F
+
+`start` returns once the server is ready (exit 0) or has failed (exit 1, the log's errors printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tritontts.triton.bundle import TritonNotFoundError, find_tritonserver
+from tritontts.triton.server import (
+    LOOPBACK,
+    ServerConfig,
+    ServerError,
+    TritonServer,
+    is_ready,
+    is_tritonserver,
+    read_pid_file,
+    stop_pid_file,
+)
+
+
+def prepare(args: argparse.Namespace) -> int:
+    install = find_tritonserver()
+    print(f"tritonserver: {install.binary} (from {install.source})")
+    if install.backend_dir:
+        print(f"backends: {install.backend_dir}")
+    if install.path_prepend:
+        print(f"PATH prepended: {':'.join(install.path_prepend)}")
+    if install.ld_library_path_prepend:
+        print(f"LD_LIBRARY_PATH prepended: {':'.join(install.ld_library_path_prepend)}")
+    return 0
+
+
+def start(args: argparse.Namespace) -> int:
+    running = read_pid_file(args.pid_file)
+    if running is not None and is_tritonserver(running):
+        print(
+            f"tritonserver already running (pid {running}, {args.pid_file}); stop it first", file=sys.stderr
+        )
+        return 1
+    config = ServerConfig(
+        model_repo=Path(args.model_repo),
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        address=args.address,
+        log_file=Path(args.log_file),
+        pid_file=Path(args.pid_file),
+        log_verbose=args.log_verbose,
+        model_control_mode=args.model_control_mode,
+        extra_args=tuple(args.extra),
+    )
+    server = TritonServer(config)
+    pid = server.start()
+    print(
+        f"tritonserver pid {pid} starting: {' '.join(server.command())}\nlog: {config.log_file}", flush=True
+    )
+    try:
+        seconds = server.wait_ready(timeout=args.timeout)
+    except ServerError as err:
+        server.stop(grace_s=10)
+        print(err, file=sys.stderr)
+        return 1
+    host = server.http_url.rsplit(":", 1)[0]
+    print(
+        f"tritonserver ready after {seconds:.1f} s (pid {pid}): http {host}:{config.http_port}, "
+        f"grpc {host}:{config.grpc_port}, metrics {host}:{config.metrics_port}"
+    )
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    pid = read_pid_file(args.pid_file)
+    if pid is None or not is_tritonserver(pid):
+        print(f"tritonserver not running ({args.pid_file})")
+        return 3
+    ready = is_ready(f"{args.address}:{args.http_port}")
+    print(
+        f"tritonserver running (pid {pid}), {'ready' if ready else 'not ready'} on http {args.address}:{args.http_port}"
+    )
+    return 0
+
+
+def stop(args: argparse.Namespace) -> int:
+    pid = stop_pid_file(args.pid_file, grace_s=args.grace)
+    print(f"tritonserver pid {pid} stopped" if pid else f"no running tritonserver in {args.pid_file}")
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    extra: list[str] = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1 :]
+        argv = argv[: argv.index("--")]
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--pid-file", default="tritonserver.pid")
+    common.add_argument("--log-file", default="tritonserver.log")
+    common.add_argument("--address", default=LOOPBACK, help="address the endpoints listen on")
+    common.add_argument("--http-port", type=int, default=8000)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "prepare", parents=[common], help="find tritonserver, install the python backend stub"
+    )
+    start_parser = commands.add_parser(
+        "start", parents=[common], help="start in the background, wait until ready"
+    )
+    start_parser.add_argument("--model-repo", required=True)
+    start_parser.add_argument("--grpc-port", type=int, default=8001)
+    start_parser.add_argument("--metrics-port", type=int, default=8002)
+    start_parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    start_parser.add_argument("--log-verbose", type=int, default=0)
+    start_parser.add_argument("--model-control-mode", default=None, choices=["none", "poll", "explicit"])
+    commands.add_parser("status", parents=[common], help="whether the pid file's server runs and is ready")
+    stop_parser = commands.add_parser(
+        "stop", parents=[common], help="SIGTERM, then SIGKILL after --grace seconds"
+    )
+    stop_parser.add_argument("--grace", type=float, default=40.0)
+    args = parser.parse_args(argv)
+    args.extra = extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return {"prepare": prepare, "start": start, "status": status, "stop": stop}[args.command](args)
+    except (TritonNotFoundError, ServerError) as err:
+        print(f"triton_server.py {args.command}: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Shared fixtures: one real tritonserver for the whole test session.
+
+A test module that needs models on the server declares them at module level,
+
+    TRITON_MODELS = [TRITON_MODELS_DIR / "infra_echo", build_spark_models]
+
+each entry being a model dir (symlinked into the repository under its own name) or a callable
+`build(repo_dir: Path, data_dir: Path) -> None` that writes model dirs into `repo_dir` (filled templates,
+say) and anything they need (synthetic checkpoints) under `data_dir`. The session fixture `triton` gathers
+the entries of every module whose tests were selected, builds one repository, starts one server in
+explicit model-control mode, and each module loads what it uses:
+
+    @pytest.fixture(scope="module")
+    def server(triton):
+        return triton.load("infra_echo")
+
+A model that fails to load fails only the tests that load it, with the server's error lines in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tritontts.triton.server import ServerConfig, ServerError, TritonServer, free_ports
+
+TRITON_MODELS_DIR = Path(__file__).parent / "triton_models"
+
+
+@dataclass
+class RunningTriton:
+    server: TritonServer
+    repo: Path
+    loaded: set[str] = field(default_factory=set)
+
+    @property
+    def http_url(self) -> str:
+        return self.server.http_url
+
+    @property
+    def grpc_url(self) -> str:
+        return self.server.grpc_url
+
+    def load(self, *names: str) -> RunningTriton:
+        """Load models of the session repository (once each); raises with the server log on failure."""
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException
+
+        client = httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
+        for name in names:
+            if name in self.loaded:
+                continue
+            if not (self.repo / name).exists():
+                raise ServerError(
+                    f"model '{name}' is not in the session repository {self.repo}; add it to TRITON_MODELS"
+                )
+            try:
+                client.load_model(name)
+            except InferenceServerException as err:
+                raise ServerError(f"loading model '{name}' failed: {err}\n{self.server.log_tail()}") from err
+            self.loaded.add(name)
+        client.close()
+        return self
+
+
+def _module_entries(items: list[pytest.Item]) -> list[Path | Callable]:
+    entries: list[Path | Callable] = []
+    seen = set()
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None or module.__name__ in seen:
+            continue
+        seen.add(module.__name__)
+        entries.extend(getattr(module, "TRITON_MODELS", ()))
+    return entries
+
+
+def build_repository(entries: list[Path | Callable], repo: Path, data_dir: Path) -> None:
+    repo.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        if callable(entry):
+            entry_data = data_dir / getattr(entry, "__name__", "build")
+            entry_data.mkdir(parents=True, exist_ok=True)
+            entry(repo, entry_data)
+            continue
+        source = Path(entry).resolve()
+        target = repo / source.name
+        if target.exists() or target.is_symlink():
+            if target.resolve() == source:
+                continue
+            raise ValueError(
+                f"two TRITON_MODELS entries are named '{source.name}': {target.resolve()} and {source}"
+            )
+        target.symlink_to(source, target_is_directory=True)
+
+
+@pytest.fixture(scope="session")
+def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The session's tritonserver over the models of all selected modules' TRITON_MODELS (see module doc)."""
+    root = tmp_path_factory.mktemp("triton")
+    repo = root / "model_repo"
+    build_repository(_module_entries(request.session.items), repo, root / "data")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    config = ServerConfig(
+        model_repo=repo,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        log_file=root / "tritonserver.log",
+        model_control_mode="explicit",
+        exit_timeout_s=5,
+    )
+    server = TritonServer(config)
+    server.start()
+    try:
+        server.wait_ready(timeout=120)
+        yield RunningTriton(server=server, repo=repo)
+    finally:
+        server.stop(grace_s=15)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that use the session server, directly or through other fixtures, carry the `triton` mark."""
+    for item in items:
+        if "triton" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.triton)
