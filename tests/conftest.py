@@ -127,3 +127,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "triton" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.triton)
+
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+PROMPT_ZH = SHARED_DATA / "prompt_zh.wav"
+PROMPT_ZH_TEXT = "吃燕窝就选燕之屋，本节目由26年专注高品质燕窝的燕之屋冠名播出。豆奶牛奶换着喝，营养更均衡，本节目由豆本豆豆奶特约播出。"
+
+
+@pytest.fixture(scope="session")
+def spark_tiny_dir(tmp_path_factory) -> Path:
+    """One tiny synthetic Spark-TTS checkpoint (official layout) for the whole session."""
+    from tritontts.synthetic.spark import write_spark_checkpoint
+
+    return write_spark_checkpoint(tmp_path_factory.mktemp("spark_tiny"), preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def prompt_zh() -> Path:
+    if not PROMPT_ZH.exists():
+        pytest.skip(f"{PROMPT_ZH} is missing (the shared/ folder beside the repository)")
+    return PROMPT_ZH

@@ -1,0 +1,78 @@
+"""Spark-TTS's audio side as one object: reference audio → voice tokens, tokens → 16 kHz audio."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tritontts.spark.audio import reference_clip, volume_normalize
+from tritontts.spark.bicodec import load_bicodec
+from tritontts.spark.config import SparkAudioConfig
+from tritontts.spark.service import VoiceTokens
+from tritontts.wav2vec2 import load_wav2vec2
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class SparkCodec:
+    """wav2vec2 features + BiCodec. Lists in, lists out; batched inside."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: str | torch.device = "auto",
+        dtype: torch.dtype = torch.float32,
+        with_tokenizer: bool = True,
+    ) -> None:
+        model_dir = Path(model_dir)
+        self.device = resolve_device(device)
+        self.config = SparkAudioConfig.from_yaml(model_dir / "config.yaml")
+        self.bicodec = load_bicodec(model_dir / "BiCodec", self.device, dtype)
+        self.wav2vec2 = (
+            load_wav2vec2(model_dir / "wav2vec2-large-xlsr-53", self.device, dtype)
+            if with_tokenizer
+            else None
+        )
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @torch.inference_mode()
+    def tokenize(self, wavs: Sequence[np.ndarray]) -> list[VoiceTokens]:
+        """Reference audios (mono float at 16 kHz, already checked) → their global and semantic tokens."""
+        if self.wav2vec2 is None:
+            raise RuntimeError("this SparkCodec was built without its audio tokenizer (with_tokenizer=False)")
+        if self.config.volume_normalize:
+            wavs = [volume_normalize(np.asarray(w, dtype=np.float32)) for w in wavs]
+        clips = np.stack([reference_clip(w, self.config.ref_segment_length) for w in wavs])
+        features, frames = self.wav2vec2.spark_features(list(wavs))
+        ref = torch.from_numpy(clips).to(self.device, self.bicodec.dtype)
+        global_ids, semantic_ids = self.bicodec.tokenize(features, ref, frames.to(self.device))
+        global_ids, semantic_ids = global_ids.cpu().numpy(), semantic_ids.cpu().numpy()
+        return [
+            VoiceTokens(global_ids[i].astype(np.int32), semantic_ids[i, : int(n)].astype(np.int32))
+            for i, n in enumerate(frames.tolist())
+        ]
+
+    @torch.inference_mode()
+    def detokenize(
+        self, global_tokens: Sequence[np.ndarray], semantic_tokens: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """Token sequences (any lengths) → 16 kHz audio, `len(semantic) * 320` samples each."""
+        lengths = [len(s) for s in semantic_tokens]
+        padded = np.zeros((len(lengths), max(lengths)), dtype=np.int64)
+        for i, s in enumerate(semantic_tokens):
+            padded[i, : len(s)] = s
+        g = torch.from_numpy(np.stack([np.asarray(x, dtype=np.int64) for x in global_tokens])).to(self.device)
+        s = torch.from_numpy(padded).to(self.device)
+        audio = self.bicodec.detokenize(g, s, torch.tensor(lengths, device=self.device)).float().cpu().numpy()
+        hop = self.bicodec.hop_length
+        return [audio[i, : n * hop] for i, n in enumerate(lengths)]
