@@ -108,7 +108,8 @@ def test_weight_names_and_dtype(llm_dir):
 
 
 def test_sharded_weights_match_single_file(tmp_path, llm_dir):
-    written = write_qwen2(tmp_path, "tiny", seed=0, max_shard_size="20MB")
+    speech = (layout.SEMANTIC_BASE, layout.SEMANTIC_BASE + layout.SEMANTIC_COUNT)
+    written = write_qwen2(tmp_path, "tiny", seed=0, max_shard_size="20MB", speech_tokens=speech)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 2
     assert {p.name for p in written} >= set(index["weight_map"].values())
@@ -187,3 +188,24 @@ def test_dtype_override_reaches_weights_and_config(tmp_path):
     state = read_state_dict(tmp_path / "model.safetensors")
     assert all(t.dtype == torch.bfloat16 for t in state.values())
     assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_spark_llm_samples_speech_tokens(llm_dir):
+    transformers = pytest.importorskip("transformers")
+    model = transformers.Qwen2ForCausalLM.from_pretrained(str(llm_dir)).eval()
+    ids = load_prompt_ids(llm_dir)
+    torch.manual_seed(0)
+    out = model.generate(ids, do_sample=True, top_k=50, top_p=0.95, temperature=0.8, max_new_tokens=60)
+    generated = out[0, ids.shape[1] :].tolist()
+    semantic = [
+        t for t in generated if layout.SEMANTIC_BASE <= t < layout.SEMANTIC_BASE + layout.SEMANTIC_COUNT
+    ]
+    assert len(semantic) == len(generated) == 60
+    assert len(set(semantic)) > 20
+
+
+def load_prompt_ids(llm_dir: Path) -> torch.Tensor:
+    from tritontts.spark.prompt import build_voice_clone_prompt, load_llm_tokenizer
+
+    text = build_voice_clone_prompt("参考。", "Hello there.", range(32), range(40))
+    return torch.tensor([load_llm_tokenizer(llm_dir).encode(text, add_special_tokens=False).ids])

@@ -26,6 +26,7 @@ PRESETS = {
     "full": Qwen2Preset(896, 24, 14, 2, 4864, torch.float32),
     "tiny": Qwen2Preset(64, 2, 4, 2, 128, torch.float32),
 }
+SPEECH_CHANNEL_GAIN = 1500.0
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
 
 
@@ -78,11 +79,19 @@ def generation_config() -> dict:
 
 
 def qwen2_state_dict(
-    preset: str, seed: int, vocab_size: int = layout.VOCAB_SIZE, dtype: torch.dtype | None = None
+    preset: str,
+    seed: int,
+    vocab_size: int = layout.VOCAB_SIZE,
+    dtype: torch.dtype | None = None,
+    speech_tokens: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Random weights with HF Qwen2 names; tied embeddings, so no `lm_head.weight`.
 
     Small embeddings and strong residual branches keep greedy decoding from locking onto one token.
+    `speech_tokens` (a [start, end) id range) makes the model "speak": no layer writes hidden channel 0, so it
+    keeps the input embedding's small positive value; the final norm amplifies that channel, and the tied
+    embedding rows of speech tokens are larger in it, so sampling picks speech tokens (as a trained TTS LLM
+    does) while the other channels keep the choice random.
     """
     p = _preset(preset, dtype)
     gen = torch.Generator().manual_seed(seed)
@@ -116,6 +125,14 @@ def qwen2_state_dict(
             }
         )
     state["model.norm.weight"] = norm_weight()
+    if speech_tokens is not None:
+        embed = state["model.embed_tokens.weight"]
+        embed[:, 0] = 0.05
+        embed[speech_tokens[0] : speech_tokens[1], 0] = 0.2
+        for i in range(p.num_hidden_layers):
+            state[f"model.layers.{i}.self_attn.o_proj.weight"][0] = 0
+            state[f"model.layers.{i}.mlp.down_proj.weight"][0] = 0
+        state["model.norm.weight"][0] = SPEECH_CHANNEL_GAIN
     return state
 
 
@@ -170,6 +187,7 @@ def write_qwen2(
     vocab_size: int = layout.VOCAB_SIZE,
     max_shard_size: int | str | None = None,
     dtype: torch.dtype | None = None,
+    speech_tokens: tuple[int, int] | None = None,
 ) -> list[Path]:
     """Write config.json, generation_config.json and the weights into `out_dir`; return the paths written.
 
@@ -182,5 +200,6 @@ def write_qwen2(
     config_path.write_text(json.dumps(qwen2_config(preset, vocab_size, dtype), indent=2) + "\n")
     generation_path = out_dir / "generation_config.json"
     generation_path.write_text(json.dumps(generation_config(), indent=2) + "\n")
-    weights = write_weights(qwen2_state_dict(preset, seed, vocab_size, dtype), out_dir, max_shard_size)
+    state = qwen2_state_dict(preset, seed, vocab_size, dtype, speech_tokens)
+    weights = write_weights(state, out_dir, max_shard_size)
     return [config_path, generation_path, *weights]

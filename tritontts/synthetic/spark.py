@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tritontts.spark import tokens
 from tritontts.spark.layout import missing_files
 from tritontts.synthetic.qwen2 import write_qwen2
 from tritontts.synthetic.tokenizer import build_spark_tokenizer
@@ -16,6 +17,9 @@ PRESETS = ("tiny", "full")
 def write_spark_llm(llm_dir: str | Path, preset: str = "tiny", seed: int = 0, **qwen2_options) -> Path:
     """`LLM/`: the Qwen2 config and weights plus the tokenizer files."""
     llm_dir = Path(llm_dir)
+    qwen2_options.setdefault(
+        "speech_tokens", (tokens.SEMANTIC_BASE, tokens.SEMANTIC_BASE + tokens.SEMANTIC_COUNT)
+    )
     write_qwen2(llm_dir, preset, seed, **qwen2_options)
     build_spark_tokenizer(llm_dir)
     return llm_dir
