@@ -24,11 +24,13 @@ class ServerCheckError(RuntimeError):
 
 
 def output_sample_rate(model_name: str, override: int | None = None) -> int:
+    """The rate of a known model, or of one deployed under a name that starts with a known name."""
     if override:
         return override
-    if model_name not in OUTPUT_SAMPLE_RATES:
-        raise ValueError(f"no known output sample rate for model '{model_name}': pass --sample-rate")
-    return OUTPUT_SAMPLE_RATES[model_name]
+    for known in sorted(OUTPUT_SAMPLE_RATES, key=len, reverse=True):
+        if model_name == known or model_name.startswith(known + "_"):
+            return OUTPUT_SAMPLE_RATES[known]
+    raise ValueError(f"no known output sample rate for model '{model_name}': pass --sample-rate")
 
 
 def reference_samples(wav: np.ndarray, sample_rate: int) -> np.ndarray:

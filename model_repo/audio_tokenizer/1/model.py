@@ -1,0 +1,88 @@
+"""BiCodec audio tokenizer: the reference audios of all requests not in the voice cache, in one batch.
+
+The voice cache (content hash → tokens, bounded LRU) is shared by every BLS instance that calls this model;
+its hits and misses are Triton metrics (`tritontts_voice_cache_hits_total`, `..._misses_total`).
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritontts.audio import AudioError, check_waveform
+from tritontts.spark.codec import SparkCodec
+from tritontts.triton.params import RequestError, error_response, model_param, required_input
+from tritontts.voice_cache import VoiceCache, audio_key
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.codec = SparkCodec(
+            model_param(config, "model_dir"), model_param(config, "device", default="auto")
+        )
+        self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
+        self.families = {
+            kind: pb_utils.MetricFamily(
+                name=f"tritontts_voice_cache_{kind}_total",
+                description=f"reference audios whose tokens were {what}",
+                kind=pb_utils.MetricFamily.COUNTER,
+            )
+            for kind, what in (("hits", "found in the voice cache"), ("misses", "computed"))
+        }
+        self.hits, self.misses = (
+            self.families[k].Metric(labels={"model": config["name"]}) for k in ("hits", "misses")
+        )
+
+    def _reference(self, request):
+        wav = required_input(pb_utils, request, "reference_wav", dtype=np.float32, ndim=2)
+        length = required_input(pb_utils, request, "reference_wav_len", dtype=np.int32).reshape(-1)
+        if wav.shape[0] != 1 or length.size != 1:
+            raise RequestError("reference_wav", f"must hold one audio per request, got {wav.shape[0]}")
+        n = int(length[0])
+        if not 0 < n <= wav.shape[1]:
+            raise RequestError("reference_wav_len", f"must be in 1..{wav.shape[1]}, got {n}")
+        try:
+            return check_waveform(wav[0, :n], self.codec.sample_rate, name="reference_wav")
+        except AudioError as err:
+            raise RequestError("reference_wav", str(err).removeprefix("reference_wav ")) from err
+
+    def execute(self, requests):
+        voices, wavs, keys, slots = [None] * len(requests), [], [], []
+        for i, request in enumerate(requests):
+            try:
+                wav = self._reference(request)
+                key = audio_key(wav, self.codec.sample_rate, "spark_tts")
+                voices[i] = self.cache.get(key)
+                if voices[i] is None:
+                    wavs.append(wav)
+                    keys.append(key)
+                    slots.append(i)
+            except Exception as err:
+                voices[i] = err
+        self.hits.increment(len(requests) - len(slots) - sum(isinstance(v, Exception) for v in voices))
+        self.misses.increment(len(slots))
+        try:
+            computed = self.codec.tokenize(wavs) if wavs else []
+        except Exception as err:
+            computed = [err] * len(wavs)
+        for i, key, voice in zip(slots, keys, computed):
+            voices[i] = voice
+            if not isinstance(voice, Exception):
+                self.cache.put(key, voice)
+        responses = []
+        for voice in voices:
+            if isinstance(voice, Exception):
+                responses.append(error_response(pb_utils, voice))
+                continue
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [
+                        pb_utils.Tensor("global_tokens", voice.global_tokens.reshape(1, -1).astype(np.int32)),
+                        pb_utils.Tensor(
+                            "semantic_tokens", voice.semantic_tokens.reshape(1, -1).astype(np.int32)
+                        ),
+                    ]
+                )
+            )
+        return responses

@@ -1,0 +1,131 @@
+"""Spark-TTS BLS: audio_tokenizer → tensorrt_llm → vocoder, whole utterances or streamed chunks.
+
+Each request runs on a worker thread, so one instance serves many requests at once; the models it calls
+batch them.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritontts.audio import AudioLimits
+from tritontts.spark.service import RequestLimits, SparkPrompter, SparkTTSService, VoiceTokens, check_request
+from tritontts.streaming import ChunkSchedule
+from tritontts.triton.bls import call_model, stream_model
+from tritontts.triton.llm_contract import OUTPUT_NAMES, SamplingParams, generated_tokens, llm_request_inputs
+from tritontts.triton.params import RequestError, error_response, model_param, required_input, string_input
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        frame_rate = model_param(config, "audio_tokenizer_frame_rate", float, default=50.0)
+        schedule = ChunkSchedule.from_durations(
+            model_param(config, "audio_chunk_duration", float),
+            model_param(config, "max_audio_chunk_duration", float),
+            model_param(config, "audio_chunk_size_scale_factor", float),
+            model_param(config, "audio_chunk_overlap_duration", float),
+            frame_rate,
+        )
+        limits = RequestLimits(
+            max_text_length=model_param(config, "max_text_length", int, default=1000),
+            audio=AudioLimits(max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)),
+        )
+        self.prompter = SparkPrompter(model_param(config, "llm_tokenizer_dir"))
+        self.service = SparkTTSService(
+            self.prompter,
+            self._tokenize_voice,
+            self._generate,
+            self._vocode,
+            SamplingParams(max_tokens=model_param(config, "max_new_tokens", int, default=1500)),
+            schedule,
+            limits,
+            model_param(config, "voice_cache_size", int, default=256),
+        )
+        self.limits = limits
+        self.models = {
+            role: model_param(config, f"{role}_model", default=role)
+            for role in ("audio_tokenizer", "tensorrt_llm", "vocoder")
+        }
+        self.pool = ThreadPoolExecutor(
+            max_workers=model_param(config, "max_concurrent_requests", int, default=64)
+        )
+
+    def _tokenize_voice(self, wav):
+        out = call_model(
+            pb_utils,
+            self.models["audio_tokenizer"],
+            {
+                "reference_wav": wav.reshape(1, -1),
+                "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
+            },
+            ["global_tokens", "semantic_tokens"],
+        )
+        return VoiceTokens(out["global_tokens"].reshape(-1), out["semantic_tokens"].reshape(-1))
+
+    def _generate(self, prompt_ids, params, streaming):
+        inputs = llm_request_inputs(prompt_ids, self.prompter.end_id, self.prompter.pad_id, params, streaming)
+        for out in stream_model(
+            pb_utils, self.models["tensorrt_llm"], inputs, OUTPUT_NAMES, decoupled=self.decoupled
+        ):
+            yield generated_tokens(out["output_ids"], out["sequence_length"])
+
+    def _vocode(self, global_tokens, semantic_tokens):
+        out = call_model(
+            pb_utils,
+            self.models["vocoder"],
+            {
+                "global_tokens": global_tokens.reshape(1, -1).astype(np.int32),
+                "semantic_tokens": semantic_tokens.reshape(1, -1).astype(np.int32),
+            },
+            ["waveform"],
+        )
+        return out["waveform"].reshape(-1)
+
+    def _parse(self, request):
+        wav = required_input(pb_utils, request, "reference_wav", dtype=np.float32, ndim=2)
+        length = required_input(pb_utils, request, "reference_wav_len", dtype=np.int32).reshape(-1)
+        if wav.shape[0] != 1 or length.size != 1:
+            raise RequestError("reference_wav", f"must hold one audio per request, got {wav.shape[0]}")
+        n = int(length[0])
+        if not 0 < n <= wav.shape[1]:
+            raise RequestError("reference_wav_len", f"must be in 1..{wav.shape[1]}, got {n}")
+        return check_request(
+            wav[0, :n],
+            string_input(pb_utils, request, "reference_text"),
+            string_input(pb_utils, request, "target_text"),
+            self.limits,
+        )
+
+    def _offline(self, request):
+        try:
+            audio = self.service.synthesize(self._parse(request))
+            return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))])
+        except Exception as err:
+            return error_response(pb_utils, err)
+
+    def _stream(self, request):
+        sender = request.get_response_sender()
+        try:
+            chunks = self.service.stream(self._parse(request))
+            for chunk in chunks:
+                if request.is_cancelled():
+                    chunks.close()
+                    break
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", chunk.reshape(1, -1))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as err:
+            sender.send(error_response(pb_utils, err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def execute(self, requests):
+        if self.decoupled:
+            for request in requests:
+                self.pool.submit(self._stream, request)
+            return None
+        return list(self.pool.map(self._offline, requests))
+
+    def finalize(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)

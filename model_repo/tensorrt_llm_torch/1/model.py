@@ -1,0 +1,134 @@
+"""Our PyTorch engine behind the `tensorrt_llm` model's I/O contract.
+
+One engine thread runs in-flight batching over every request `execute` hands it. Decoupled: tokens are sent
+as they are generated (`streaming` true) or once at the end; a cancelled request frees its slot. Not
+decoupled: `execute` waits for the requests it was given, which the engine runs as one batch.
+"""
+
+import json
+import threading
+
+import torch
+import triton_python_backend_utils as pb_utils
+
+from tritontts.llm.engine import LLMEngine
+from tritontts.llm.sequence import FinishReason
+from tritontts.llm.triton_io import parse_llm_request, response_arrays
+from tritontts.spark.codec import resolve_device
+from tritontts.triton.params import error_response, model_param, optional_input
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _response(tokens):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in response_arrays(tokens).items()])
+
+
+class _Stream:
+    """Sends one request's events from the engine thread."""
+
+    def __init__(self, engine, request, parsed):
+        self.engine, self.request, self.parsed = engine, request, parsed
+        self.sender = request.get_response_sender()
+        self.prefix = [] if parsed.exclude_input else list(parsed.prompt_ids)
+        self.tokens = []
+        self.request_id = None
+
+    def __call__(self, event):
+        if self.request.is_cancelled() and not event.finished:
+            self.engine.cancel(event.request_id)
+            return
+        if event.finish_reason == FinishReason.ERROR:
+            error = RuntimeError(f"generation failed: {event.error}")
+            self.sender.send(
+                error_response(pb_utils, error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            )
+            return
+        if self.parsed.streaming:
+            if event.token_ids:
+                self.sender.send(_response(self.prefix + event.token_ids))
+                self.prefix = []
+            if event.finished:
+                self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        self.tokens += event.token_ids
+        if event.finished:
+            self.sender.send(
+                _response(self.prefix + self.tokens), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            )
+
+
+class _Collect:
+    """Gathers one request's tokens for a non-decoupled reply."""
+
+    def __init__(self, parsed):
+        self.tokens = [] if parsed.exclude_input else list(parsed.prompt_ids)
+        self.error = None
+        self.done = threading.Event()
+
+    def __call__(self, event):
+        self.tokens += event.token_ids
+        if event.finish_reason == FinishReason.ERROR:
+            self.error = RuntimeError(f"generation failed: {event.error}")
+        if event.finished:
+            self.done.set()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        device = resolve_device(model_param(config, "device", default="auto"))
+        dtype_name = model_param(config, "dtype", default="auto")
+        if dtype_name == "auto":
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        else:
+            dtype = DTYPES[dtype_name]
+        self.engine = LLMEngine.from_pretrained(
+            model_param(config, "model_dir"),
+            device=device,
+            dtype=dtype,
+            max_batch_size=model_param(config, "max_batch_size", int, default=16),
+            max_seq_len=model_param(config, "max_seq_len", int, default=2560),
+            cuda_graphs=model_param(config, "cuda_graphs", bool, default=True),
+        )
+        self.engine.start()
+
+    def _parse(self, request):
+        get = lambda name: optional_input(pb_utils, request, name)  # noqa: E731
+        return parse_llm_request(get, self.engine.vocab_size, default_streaming=self.decoupled)
+
+    def execute(self, requests):
+        if self.decoupled:
+            for request in requests:
+                try:
+                    parsed = self._parse(request)
+                    self.engine.add_request(
+                        parsed.prompt_ids, parsed.params, _Stream(self.engine, request, parsed)
+                    )
+                except Exception as err:
+                    sender = request.get_response_sender()
+                    sender.send(
+                        error_response(pb_utils, err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                    )
+            return None
+        waiting = []
+        for request in requests:
+            try:
+                parsed = self._parse(request)
+                collect = _Collect(parsed)
+                self.engine.add_request(parsed.prompt_ids, parsed.params, collect)
+                waiting.append(collect)
+            except Exception as err:
+                waiting.append(err)
+        responses = []
+        for item in waiting:
+            if isinstance(item, Exception):
+                responses.append(error_response(pb_utils, item))
+                continue
+            item.done.wait()
+            responses.append(error_response(pb_utils, item.error) if item.error else _response(item.tokens))
+        return responses
+
+    def finalize(self):
+        self.engine.stop()

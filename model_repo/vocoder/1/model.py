@@ -1,0 +1,51 @@
+"""BiCodec vocoder: every request's tokens are turned into audio in one padded batch."""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritontts.spark.codec import SparkCodec
+from tritontts.triton.params import RequestError, error_response, model_param, required_input
+
+GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK = 4096, 8192
+
+
+def _token_row(request, name, codebook):
+    tokens = required_input(pb_utils, request, name, dtype=np.int32, ndim=2)
+    if tokens.shape[0] != 1 or tokens.shape[1] == 0:
+        raise RequestError(name, f"must be one non-empty row of tokens, got shape {list(tokens.shape)}")
+    if tokens.min() < 0 or tokens.max() >= codebook:
+        raise RequestError(name, f"ids must be in [0, {codebook}), got [{tokens.min()}, {tokens.max()}]")
+    return tokens[0]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        device = model_param(config, "device", default="auto")
+        self.codec = SparkCodec(model_param(config, "model_dir"), device, with_tokenizer=False)
+
+    def execute(self, requests):
+        responses, globals_, semantics, slots = [None] * len(requests), [], [], []
+        for i, request in enumerate(requests):
+            try:
+                g = _token_row(request, "global_tokens", GLOBAL_CODEBOOK)
+                s = _token_row(request, "semantic_tokens", SEMANTIC_CODEBOOK)
+                if g.size != 32:
+                    raise RequestError("global_tokens", f"must hold 32 tokens, got {g.size}")
+                globals_.append(g)
+                semantics.append(s)
+                slots.append(i)
+            except Exception as err:
+                responses[i] = error_response(pb_utils, err)
+        try:
+            audios = self.codec.detokenize(globals_, semantics) if slots else []
+        except Exception as err:
+            audios = [err] * len(slots)
+        for i, audio in zip(slots, audios):
+            if isinstance(audio, Exception):
+                responses[i] = error_response(pb_utils, audio)
+            else:
+                responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))])
+        return responses

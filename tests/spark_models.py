@@ -1,0 +1,64 @@
+"""The Spark-TTS model repository of the test server: run.sh's stage-2 templates, filled by fill_template.py.
+
+Both modes live on one server: `spark_tts` + `tensorrt_llm` are decoupled (streaming); `spark_tts_offline` +
+`tensorrt_llm_offline` are not. They share `audio_tokenizer` and `vocoder`.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILL = ROOT / "scripts" / "fill_template.py"
+TEMPLATES = ROOT / "model_repo"
+COMMON = "triton_max_batch_size:16,max_queue_delay_microseconds:0"
+STREAMING = "audio_chunk_duration:1.0,max_audio_chunk_duration:30.0,audio_chunk_size_scale_factor:2.0,audio_chunk_overlap_duration:0.1"
+MAX_NEW_TOKENS = 120
+
+
+def install(template: str, repo: Path, name: str, values: str) -> Path:
+    target = repo / name
+    shutil.copytree(TEMPLATES / template, target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = target / "config.pbtxt"
+    subprocess.run([sys.executable, str(FILL), "-i", str(config), values], check=True)
+    text = re.sub(r'^name: ".*"$', f'name: "{name}"', config.read_text(), count=1, flags=re.M)
+    config.write_text(text)
+    return target
+
+
+def build_spark_models(repo: Path, data: Path) -> None:
+    from tritontts.synthetic.spark import write_spark_checkpoint
+
+    model_dir = write_spark_checkpoint(data / "spark_tiny", preset="tiny", seed=0).resolve()
+    for name in ("audio_tokenizer", "vocoder"):
+        install(name, repo, name, f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu")
+    for name, decoupled in (("tensorrt_llm", True), ("tensorrt_llm_offline", False)):
+        install(
+            "tensorrt_llm_torch",
+            repo,
+            name,
+            f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:8,"
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false",
+        )
+    for name, decoupled, llm in (
+        ("spark_tts", True, "tensorrt_llm"),
+        ("spark_tts_offline", False, "tensorrt_llm_offline"),
+    ):
+        path = install(
+            "spark_tts",
+            repo,
+            name,
+            f"bls_instance_num:2,llm_tokenizer_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},{STREAMING},"
+            f"max_new_tokens:{MAX_NEW_TOKENS},max_text_length:300,max_reference_seconds:30",
+        )
+        config = path / "config.pbtxt"
+        config.write_text(
+            config.read_text().replace(
+                '  { key: "voice_cache_size"',
+                f'  {{ key: "tensorrt_llm_model", value: {{ string_value: "{llm}" }} }},\n  {{ key: "voice_cache_size"',
+            )
+        )

@@ -1,0 +1,95 @@
+"""Our engine behind the tensorrt_llm contract on the real tritonserver (CPU)."""
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from spark_models import build_spark_models
+from triton_stream import Stream, make_inputs
+
+from tritontts.llm.engine import LLMEngine
+from tritontts.llm.sequence import SamplingParams
+from tritontts.triton.llm_contract import SamplingParams as RequestParams
+from tritontts.triton.llm_contract import generated_tokens, llm_request_inputs
+
+TRITON_MODELS = [build_spark_models]
+OUTPUTS = ["output_ids", "sequence_length"]
+END_ID = 151645
+
+
+@pytest.fixture(scope="module")
+def server(triton):
+    return triton.load("tensorrt_llm", "tensorrt_llm_offline")
+
+
+@pytest.fixture(scope="module")
+def engine(spark_tiny_dir):
+    return LLMEngine.from_pretrained(
+        spark_tiny_dir / "LLM", device="cpu", max_batch_size=4, cuda_graphs=False
+    )
+
+
+def prompt(n: int, offset: int = 0) -> np.ndarray:
+    return (np.arange(n) * 37 + offset) % 150000 + 100
+
+
+def request(ids: np.ndarray, max_tokens: int, seed: int, streaming: bool = True) -> dict[str, np.ndarray]:
+    params = RequestParams(max_tokens=max_tokens, temperature=0.8, top_k=50, top_p=0.95, seed=seed)
+    return llm_request_inputs(ids, END_ID, 151643, params, streaming)
+
+
+def expected(engine: LLMEngine, ids: np.ndarray, max_tokens: int, seed: int) -> list[int]:
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.8, top_k=50, top_p=0.95, seed=seed, end_id=END_ID
+    )
+    return engine.generate([ids.tolist()], params)[0]
+
+
+def tokens_of(result) -> list[int]:
+    return [
+        t
+        for out in result.outputs
+        for t in generated_tokens(out["output_ids"], out["sequence_length"]).tolist()
+    ]
+
+
+def test_concurrent_streams_of_different_lengths_one_cancelled(server, engine):
+    specs = [(12, 40, 1), (30, 25, 2), (7, 60, 3), (50, 35, 4), (20, 200, 5)]
+    streams = [
+        Stream(server.grpc_url, "tensorrt_llm", request(prompt(n, s), m, s), OUTPUTS) for n, m, s in specs
+    ]
+    cancelled = streams[-1]
+    partial = cancelled.read(limit=3)
+    cancelled.cancel()
+    late = Stream(server.grpc_url, "tensorrt_llm", request(prompt(9, 77), 30, 77), OUTPUTS)
+    results = [s.read() for s in streams[:-1]] + [late.read()]
+    for (n, m, s), result in zip(specs[:-1] + [(9, 30, 77)], results):
+        assert result.error is None
+        assert len(result.outputs) >= 2, "tokens must arrive as they are generated"
+        assert tokens_of(result) == expected(engine, prompt(n, s if s != 77 else 77), m, s)
+    assert 1 <= len(tokens_of(partial)) < 200
+
+
+def test_offline_model_returns_all_tokens_at_once(server, engine):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    arrays = request(prompt(15, 3), 20, 11, streaming=False)
+    result = client.infer("tensorrt_llm_offline", make_inputs(arrays))
+    tokens = generated_tokens(result.as_numpy("output_ids"), result.as_numpy("sequence_length")).tolist()
+    assert tokens == expected(engine, prompt(15, 3), 20, 11)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(input_ids=np.full((1, 5), 200000, np.int32)), "input_ids"),
+        (dict(input_lengths=np.array([[0]], np.int32)), "input_lengths"),
+        (dict(runtime_top_p=np.array([[1.5]], np.float32)), "top_p"),
+        (dict(request_output_len=np.array([[0]], np.int32)), "max_tokens"),
+    ],
+)
+def test_bad_requests_get_an_error_and_the_model_keeps_serving(server, engine, change, field):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    arrays = {**request(prompt(5), 5, 1, streaming=False), **change}
+    with pytest.raises(Exception, match=field):
+        client.infer("tensorrt_llm_offline", make_inputs(arrays))
+    good = client.infer("tensorrt_llm_offline", make_inputs(request(prompt(5), 5, 1, streaming=False)))
+    assert good.as_numpy("sequence_length").reshape(-1)[0] == 5

@@ -1,0 +1,69 @@
+"""A small gRPC streaming helper for tests: one stream per request, responses collected with timestamps."""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
+
+
+def make_inputs(arrays: dict[str, np.ndarray]) -> list:
+    inputs = []
+    for name, value in arrays.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+@dataclass
+class StreamResult:
+    outputs: list[dict[str, np.ndarray]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+    started: float = 0.0
+    finished: float = 0.0
+
+
+class Stream:
+    """Sends one request on its own gRPC stream; `read()` collects until the final response."""
+
+    def __init__(self, url: str, model: str, arrays: dict[str, np.ndarray], outputs: list[str]) -> None:
+        self.client = grpcclient.InferenceServerClient(url)
+        self.events: queue.Queue = queue.Queue()
+        self.outputs = outputs
+        self.result = StreamResult(started=time.monotonic())
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+        self.client.async_stream_infer(
+            model,
+            make_inputs(arrays),
+            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+            enable_empty_final_response=True,
+        )
+
+    def read(self, limit: int | None = None, timeout: float = 120.0) -> StreamResult:
+        """Collect responses until the final one (or `limit` data responses); then close unless limited."""
+        while limit is None or len(self.result.outputs) < limit:
+            result, error = self.events.get(timeout=timeout)
+            if error is not None:
+                self.result.error = str(error)
+                break
+            response = result.get_response()
+            if result.as_numpy(self.outputs[0]) is not None:
+                self.result.outputs.append({n: result.as_numpy(n) for n in self.outputs})
+                self.result.times.append(time.monotonic())
+            if response.parameters["triton_final_response"].bool_param:
+                break
+        self.result.finished = time.monotonic()
+        if limit is None or self.result.error:
+            self.client.stop_stream()
+            self.client.close()
+        return self.result
+
+    def cancel(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()

@@ -1,0 +1,68 @@
+"""Calls from a python-backend model into other models of the same server (BLS), as numpy in, numpy out.
+
+`pb_utils` (triton_python_backend_utils) exists only inside the stub, so it is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+class ModelCallError(RuntimeError):
+    """A model called through BLS answered with an error."""
+
+
+def _request(pb_utils: Any, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> Any:
+    tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
+    return pb_utils.InferenceRequest(model_name=model, requested_output_names=list(outputs), inputs=tensors)
+
+
+def _outputs(pb_utils: Any, model: str, response: Any, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    if response.has_error():
+        raise ModelCallError(f"{model}: {response.error().message()}")
+    result = {}
+    for name in outputs:
+        tensor = pb_utils.get_output_tensor_by_name(response, name)
+        if tensor is None:
+            raise ModelCallError(f"{model} returned no '{name}'")
+        result[name] = tensor.as_numpy() if tensor.is_cpu() else _gpu_to_numpy(tensor)
+    return result
+
+
+def _gpu_to_numpy(tensor: Any) -> np.ndarray:
+    from torch.utils.dlpack import from_dlpack
+
+    return from_dlpack(tensor.to_dlpack()).cpu().numpy()
+
+
+def call_model(
+    pb_utils: Any, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """One request, one response."""
+    response = _request(pb_utils, model, inputs, outputs).exec()
+    return _outputs(pb_utils, model, response, outputs)
+
+
+def stream_model(
+    pb_utils: Any, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], decoupled: bool
+) -> Iterator[dict[str, np.ndarray]]:
+    """Every response of a request to a decoupled model (or the one response of a plain one).
+
+    Closing the generator before the end cancels the request where the python backend supports it.
+    """
+    if not decoupled:
+        yield call_model(pb_utils, model, inputs, outputs)
+        return
+    responses = _request(pb_utils, model, inputs, outputs).exec(decoupled=True)
+    finished = False
+    try:
+        for response in responses:
+            if response.has_error() or pb_utils.get_output_tensor_by_name(response, outputs[0]) is not None:
+                yield _outputs(pb_utils, model, response, outputs)
+        finished = True
+    finally:
+        if not finished and hasattr(responses, "cancel"):
+            responses.cancel()
