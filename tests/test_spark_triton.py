@@ -2,8 +2,8 @@
 
 import re
 import subprocess
-import urllib.request
 import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
