@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# Serve LLM-based TTS on Triton Inference Server, stage by stage.
+#
+#   bash run.sh <stage> <stop_stage> [streaming|offline] [--option value ...]
+#
+#   -1  environment: outside NVIDIA's container, a virtual environment with requirements.txt and the
+#       tritonserver bundled in the nvidia-pytriton wheel; inside the container, a check only
+#    0  checkpoint: download (huggingface | modelscope), write a synthetic one, or validate a local dir
+#    1  LLM: trtllm = convert + trtllm-build (+ smoke test); torch = validate the checkpoint for our engine
+#    2  Triton model repository from model_repo/ templates
+#    3  launch tritonserver in the background (pid file + log), wait until ready
+#    4  benchmark client (gRPC) over a dataset
+#    5  single-utterance client (gRPC when streaming, HTTP when offline)
+#  stop ends the server that stage 3 started:  bash run.sh stop
+set -euo pipefail
+
+stage=0
+stop_stage=5
+mode=streaming                      # streaming | offline
+
+model=spark_tts                     # spark_tts
+llm_backend=torch                   # torch | trtllm
+model_source=huggingface            # huggingface | modelscope | synthetic-tiny | synthetic-full | <local dir>
+seed=0                              # synthetic checkpoints
+
+exp_dir=exp                         # everything this script writes lives under here
+model_dir=""                        # default: $exp_dir/$model/checkpoint (a local --model_source is used in place)
+model_repo=""                       # default: $exp_dir/$model/model_repo_${llm_backend}_${mode}
+venv_dir=.venv                      # stage -1 outside the container
+python=""                           # default: $venv_dir/bin/python if it exists, else python3
+
+# LLM
+llm_dtype=auto                      # torch engine: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32
+llm_device=auto                     # torch engine: auto | cuda | cpu
+llm_max_batch_size=16
+llm_max_seq_len=2560
+llm_cuda_graphs=true
+trt_dtype=bfloat16
+trt_tp_size=1
+trt_weights_dir=""                  # default: $exp_dir/$model/tllm_checkpoint_${trt_dtype}
+trt_engines_dir=""                  # default: $exp_dir/$model/trt_engines_${trt_dtype}
+trt_max_batch_size=16
+trt_max_num_tokens=32768
+kv_cache_free_gpu_mem_fraction=0.5
+max_tokens_in_paged_kv_cache=2560
+
+# Triton
+http_port=8000
+grpc_port=8001
+metrics_port=8002
+triton_max_batch_size=16
+max_queue_delay_microseconds=0
+bls_instance_num=4
+audio_tokenizer_instance_num=1
+vocoder_instance_num=1
+model_device=auto                   # audio tokenizer and vocoder: auto | cuda | cpu
+server_timeout=600                  # seconds stage 3 waits for readiness
+foreground=false                    # stage 3: stay attached to the server (containers)
+
+# Streaming schedule (seconds) and generation
+audio_chunk_duration=1.0
+max_audio_chunk_duration=30.0
+audio_chunk_size_scale_factor=8.0
+audio_chunk_overlap_duration=0.1
+max_new_tokens=1500
+max_text_length=1000
+max_reference_seconds=30
+
+# Clients
+server_addr=localhost
+num_tasks=2
+dataset=""                          # default: $exp_dir/benchmark_data (written by stage 4 if missing)
+split_name=test
+log_dir=""                          # default: $exp_dir/$model/log_${mode}_tasks_${num_tasks}
+reference_audio=../shared/data/prompt_zh.wav
+reference_text="吃燕窝就选燕之屋，本节目由26年专注高品质燕窝的燕之屋冠名播出。豆奶牛奶换着喝，营养更均衡，本节目由豆本豆豆奶特约播出。"
+target_text="身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
+output_dir=""                       # stage 5 writes its WAV here; default: $exp_dir/$model/single_${mode}
+
+usage() {
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  echo
+  echo "Options (default in brackets):"
+  grep -E '^[a-z_]+=' "$0" | sed -E 's/^([a-z_]+)=("[^"]*"|[^ ]*) *(# *)?(.*)$/  --\1 [\2] \4/'
+}
+
+positional=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --*=*) key=${1%%=*}; key=${key#--}; value=${1#*=}; shift ;;
+    --*)
+      key=${1#--}
+      [ $# -ge 2 ] || { echo "run.sh: option --$key needs a value" >&2; exit 2; }
+      value=$2; shift 2 ;;
+    *) positional+=("$1"); shift; continue ;;
+  esac
+  key=${key//-/_}
+  if ! grep -qE "^${key}=" "$0"; then
+    echo "run.sh: unknown option --$key (see --help)" >&2; exit 2
+  fi
+  printf -v "$key" '%s' "$value"
+done
+if [ ${#positional[@]} -ge 1 ] && [ "${positional[0]}" = stop ]; then
+  action=stop
+else
+  action=run
+  [ ${#positional[@]} -ge 1 ] && stage=${positional[0]}
+  [ ${#positional[@]} -ge 2 ] && stop_stage=${positional[1]}
+  [ ${#positional[@]} -ge 3 ] && mode=${positional[2]}
+fi
+
+case "$mode" in streaming|offline) ;; *) echo "run.sh: mode must be streaming or offline, not '$mode'" >&2; exit 2 ;; esac
+case "$llm_backend" in torch|trtllm) ;; *) echo "run.sh: --llm_backend must be torch or trtllm" >&2; exit 2 ;; esac
+case "$model" in spark_tts) ;; *) echo "run.sh: --model must be spark_tts" >&2; exit 2 ;; esac
+
+log() { echo "$(date '+%F %T') [run.sh] $*"; }
+
+model_home=$exp_dir/$model
+if [ -z "$model_dir" ]; then
+  case "$model_source" in
+    huggingface|modelscope|synthetic-*) model_dir=$model_home/checkpoint ;;
+    *) model_dir=$model_source ;;
+  esac
+fi
+[ -n "$model_repo" ] || model_repo=$model_home/model_repo_${llm_backend}_${mode}
+[ -n "$trt_weights_dir" ] || trt_weights_dir=$model_home/tllm_checkpoint_${trt_dtype}
+[ -n "$trt_engines_dir" ] || trt_engines_dir=$model_home/trt_engines_${trt_dtype}
+[ -n "$dataset" ] || dataset=$exp_dir/benchmark_data
+[ -n "$log_dir" ] || log_dir=$model_home/log_${mode}_tasks_${num_tasks}
+[ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
+pid_file=$model_home/tritonserver.pid
+server_log=$model_home/tritonserver.log
+in_container=false
+if [ -x /opt/tritonserver/bin/tritonserver ]; then in_container=true; fi
+if [ -z "$python" ]; then
+  if [ -x "$venv_dir/bin/python" ] && [ "$in_container" = false ]; then python=$venv_dir/bin/python; else python=python3; fi
+fi
+decoupled=$([ "$mode" = streaming ] && echo True || echo False)
+
+server_cli() { "$python" scripts/triton_server.py "$@" --pid-file "$pid_file" --log-file "$server_log"; }
+
+if [ "$action" = stop ]; then
+  server_cli stop
+  exit 0
+fi
+log "stages $stage..$stop_stage, mode $mode, model $model, llm_backend $llm_backend, model_dir $model_dir"
+
+if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
+  log "Stage -1: environment"
+  if [ "$in_container" = true ]; then
+    log "inside NVIDIA's container: checking what is installed"
+    python3 -c "import numpy, torch, tritonclient; assert numpy.__version__ < '2', 'numpy must be <2'"
+    python3 -c "import tritontts" 2>/dev/null || python3 -m pip install --no-deps -e .
+  else
+    [ -x "$venv_dir/bin/python" ] || python3 -m venv "$venv_dir"
+    python=$venv_dir/bin/python
+    if ! "$python" -c "import torch" 2>/dev/null; then
+      if command -v nvidia-smi >/dev/null 2>&1; then
+        "$python" -m pip install torch
+      else
+        "$python" -m pip install torch --index-url https://download.pytorch.org/whl/cpu || "$python" -m pip install torch
+      fi
+    fi
+    "$python" -m pip install -r requirements.txt "nvidia-pytriton==0.7.0"
+    "$python" -m pip install --no-deps -e .
+    "$python" scripts/triton_server.py prepare
+  fi
+fi
+
+if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
+  log "Stage 0: checkpoint from $model_source"
+  "$python" scripts/download_model.py --model "$model" --model_source "$model_source" \
+    --output_dir "$model_dir" --seed "$seed"
+fi
+
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  if [ "$llm_backend" = trtllm ]; then
+    log "Stage 1: convert the LLM to a TensorRT-LLM checkpoint and build the engine"
+    if ! "$python" -c "import tensorrt_llm" 2>/dev/null; then
+      echo "run.sh: --llm_backend trtllm needs TensorRT-LLM (NVIDIA's tritonserver:<ver>-trtllm-python-py3 container); use --llm_backend torch elsewhere" >&2
+      exit 1
+    fi
+    if [ ! -f "$trt_weights_dir/config.json" ]; then
+      "$python" scripts/convert_checkpoint.py --model_dir "$model_dir/LLM" --output_dir "$trt_weights_dir" \
+        --dtype "$trt_dtype" --tp_size "$trt_tp_size"
+    fi
+    if [ ! -f "$trt_engines_dir/config.json" ]; then
+      "$python" -m tritontts.trtllm.build --checkpoint_dir "$trt_weights_dir" --output_dir "$trt_engines_dir" \
+        --max_batch_size "$trt_max_batch_size" --max_num_tokens "$trt_max_num_tokens" --gemm_plugin "$trt_dtype" \
+        --smoke_test_tokenizer_dir "$model_dir/LLM"
+    fi
+  else
+    log "Stage 1: check the LLM checkpoint loads in our torch engine"
+    "$python" -m tritontts.llm.check --model_dir "$model_dir/LLM"
+  fi
+fi
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  log "Stage 2: model repository $model_repo"
+  rm -rf "$model_repo"
+  mkdir -p "$model_repo"
+  abs_model_dir=$(cd "$model_dir" && pwd)
+  fill() { "$python" scripts/fill_template.py -i "$1" "$2"; }
+  for name in spark_tts audio_tokenizer vocoder; do
+    cp -r "model_repo/$name" "$model_repo/"
+  done
+  common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseconds:${max_queue_delay_microseconds}"
+  fill "$model_repo/audio_tokenizer/config.pbtxt" \
+    "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device}"
+  fill "$model_repo/vocoder/config.pbtxt" \
+    "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device}"
+  fill "$model_repo/spark_tts/config.pbtxt" \
+    "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_model_dir}/LLM,${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds}"
+  if [ "$llm_backend" = trtllm ]; then
+    cp -r model_repo/tensorrt_llm "$model_repo/"
+    abs_engines=$(mkdir -p "$trt_engines_dir" && cd "$trt_engines_dir" && pwd)
+    fill "$model_repo/tensorrt_llm/config.pbtxt" \
+      "triton_backend:tensorrtllm,triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_beam_width:1,engine_dir:${abs_engines},max_tokens_in_paged_kv_cache:${max_tokens_in_paged_kv_cache},max_attention_window_size:${max_tokens_in_paged_kv_cache},kv_cache_free_gpu_mem_fraction:${kv_cache_free_gpu_mem_fraction},exclude_input_in_output:True,enable_kv_cache_reuse:False,batching_strategy:inflight_fused_batching,max_queue_delay_microseconds:${max_queue_delay_microseconds},encoder_input_features_data_type:TYPE_FP16,logits_datatype:TYPE_FP32"
+  else
+    mkdir -p "$model_repo/tensorrt_llm"
+    cp -r model_repo/tensorrt_llm_torch/. "$model_repo/tensorrt_llm/"
+    fill "$model_repo/tensorrt_llm/config.pbtxt" \
+      "model_dir:${abs_model_dir}/LLM,triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs}"
+  fi
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  log "Stage 3: tritonserver on http $http_port, grpc $grpc_port, metrics $metrics_port"
+  server_cli start --model-repo "$model_repo" --http-port "$http_port" --grpc-port "$grpc_port" \
+    --metrics-port "$metrics_port" --timeout "$server_timeout"
+  if [ "$foreground" = true ]; then
+    log "staying attached to the server (pid $(cat "$pid_file")); log: $server_log"
+    tail --pid="$(cat "$pid_file")" -f "$server_log"
+  fi
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  log "Stage 4: benchmark, $num_tasks concurrent tasks, $mode"
+  if [ ! -e "$dataset" ]; then
+    "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
+  fi
+  "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
+    --mode "$mode" --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
+    --chunk-overlap-duration "$audio_chunk_overlap_duration" --log-dir "$log_dir"
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  log "Stage 5: one utterance, $mode, into $output_dir"
+  single=(--reference-audio "$reference_audio" --reference-text "$reference_text" --target-text "$target_text")
+  if [ "$mode" = streaming ]; then
+    "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
+      --mode streaming --chunk-overlap-duration "$audio_chunk_overlap_duration" --log-dir "$output_dir" "${single[@]}"
+  else
+    mkdir -p "$output_dir"
+    "$python" client_http.py --server-addr "$server_addr" --server-port "$http_port" --model-name "$model" \
+      --output-audio "$output_dir/output.wav" "${single[@]}"
+  fi
+fi
