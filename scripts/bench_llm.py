@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Benchmark our LLM engine against transformers `generate` on the same weights; writes one JSON file.
+
+Default: the full-size synthetic Spark-TTS LLM (random weights), bf16 on CUDA, prompt 300, 500 generated
+tokens per request, top_k 50 / top_p 0.95 / T 0.8, end_id ignored so every step runs.
+Smoke check on CPU: `python scripts/bench_llm.py --device cpu --tiny`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from tritontts.llm.config import Qwen2Config
+from tritontts.llm.engine import LLMEngine
+from tritontts.llm.loader import build_model, load_pretrained
+from tritontts.llm.sequence import SamplingParams
+from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TARGETS = {"decode_ms_bs1_max": 1.5, "speedup_vs_hf_min": 20.0, "bs16_over_bs1_max": 2.0}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model-dir", help="HF Qwen2 checkpoint dir; default: random full-size weights")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--tiny", action="store_true", help="tiny random model and short sequences")
+    parser.add_argument("--prompt-len", type=int, help="default 300 (32 with --tiny)")
+    parser.add_argument("--gen-len", type=int, help="default 500 (48 with --tiny)")
+    parser.add_argument("--batch-sizes", default="1,4,16,64")
+    parser.add_argument("--hf-batch-sizes", default="1,16", help="empty to skip transformers")
+    parser.add_argument("--hf-gen-len", type=int, help="tokens per transformers run; default --gen-len")
+    parser.add_argument("--max-seq-len", type=int, default=2560)
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (inductor)")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--output", default="bench_llm.json")
+    args = parser.parse_args()
+    args.prompt_len = args.prompt_len or (32 if args.tiny else 300)
+    args.gen_len = args.gen_len or (48 if args.tiny else 500)
+    args.hf_gen_len = args.hf_gen_len or args.gen_len
+    args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    return args
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_models(args, device: torch.device, dtype: torch.dtype):
+    """Our model and a transformers model holding the same weights (None when HF is not benchmarked)."""
+    want_hf = bool(args.hf_batch_sizes.strip())
+    if args.model_dir:
+        ours = load_pretrained(args.model_dir, device, dtype)
+        hf = None
+        if want_hf:
+            import transformers
+
+            hf = transformers.Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(device).eval()
+        return ours, hf
+    preset = "tiny" if args.tiny else "full"
+    vocab = 1000 if args.tiny else 166_000
+    raw = qwen2_config(preset, vocab_size=vocab, dtype=dtype)
+    if args.tiny:
+        raw |= {"bos_token_id": None, "eos_token_id": None}
+    state = qwen2_state_dict(preset, seed=0, vocab_size=vocab, dtype=dtype)
+    ours = build_model(Qwen2Config.from_dict(raw), state, device, dtype, source="synthetic")
+    hf = None
+    if want_hf:
+        import transformers
+
+        hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**raw)).to(dtype)
+        missing, unexpected = hf.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        hf.tie_weights()
+        hf = hf.to(device).eval()
+    return ours, hf
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
+
+
+def bench_ours(engine: LLMEngine, args, device: torch.device, vocab: int) -> dict:
+    params = SamplingParams(
+        max_tokens=args.gen_len, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=0
+    )
+    prompt = prompts(1, args.prompt_len, vocab)[0]
+    prefill_ms = []
+    for _ in range(6):
+        sync(device)
+        start = time.perf_counter()
+        int(engine.runner.prefill(0, prompt, params, seed=0))
+        prefill_ms.append(1e3 * (time.perf_counter() - start))
+    engine.runner.free_slot(0)
+    results = {"prefill_ms": statistics.median(prefill_ms[1:])}
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        for request in prompts(batch, args.prompt_len, vocab, seed=batch):
+            engine.add_request(request, params)
+        sync(device)
+        start = time.perf_counter()
+        engine.step()  # all prefills, then the first decode step
+        first_step = time.perf_counter() - start
+        step_ms = []
+        while engine.has_work():
+            t0 = time.perf_counter()
+            engine.step()
+            step_ms.append(1e3 * (time.perf_counter() - t0))
+        total = time.perf_counter() - start
+        decode_ms = statistics.median(step_ms[:-1] or step_ms)
+        results[f"batch_{batch}"] = {
+            "decode_ms_per_step_median": decode_ms,
+            "decode_ms_per_step_mean": statistics.fmean(step_ms),
+            "decode_tokens_per_s": batch * 1e3 / decode_ms,
+            "prefills_plus_first_step_ms": 1e3 * first_step,
+            "end_to_end_s": total,
+            "end_to_end_tokens_per_s": batch * args.gen_len / total,
+        }
+        print(f"ours batch {batch}: {decode_ms:.3f} ms/step, {batch * 1e3 / decode_ms:.0f} tok/s", flush=True)
+    return results
+
+
+@torch.inference_mode()
+def bench_hf(hf, args, device: torch.device, vocab: int) -> dict:
+    def run(batch: int, new_tokens: int) -> float:
+        ids = torch.tensor(prompts(batch, args.prompt_len, vocab, seed=batch), device=device)
+        sync(device)
+        start = time.perf_counter()
+        hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        sync(device)
+        return time.perf_counter() - start
+
+    results = {}
+    run(1, 4)
+    for batch in [int(b) for b in args.hf_batch_sizes.split(",")]:
+        first = run(batch, 1)
+        total = run(batch, args.hf_gen_len)
+        step_ms = 1e3 * (total - first) / max(args.hf_gen_len - 1, 1)
+        results[f"batch_{batch}"] = {
+            "prefill_ms": 1e3 * first,
+            "decode_ms_per_step": step_ms,
+            "decode_tokens_per_s": batch * 1e3 / step_ms,
+            "end_to_end_s": total,
+            "end_to_end_tokens_per_s": batch * args.hf_gen_len / total,
+        }
+        print(f"transformers batch {batch}: {step_ms:.3f} ms/step", flush=True)
+    return results
+
+
+def target_checks(ours: dict, hf: dict) -> dict:
+    checks = {}
+    if "batch_1" in ours:
+        checks["decode_ms_bs1"] = ours["batch_1"]["decode_ms_per_step_median"]
+        checks["decode_ms_bs1_ok"] = checks["decode_ms_bs1"] <= TARGETS["decode_ms_bs1_max"]
+    if "batch_1" in ours and "batch_16" in ours:
+        ratio = ours["batch_16"]["decode_ms_per_step_median"] / ours["batch_1"]["decode_ms_per_step_median"]
+        checks["bs16_over_bs1"] = ratio
+        checks["bs16_over_bs1_ok"] = ratio <= TARGETS["bs16_over_bs1_max"]
+    for key, entry in hf.items():
+        if key in ours:
+            speedup = ours[key]["end_to_end_tokens_per_s"] / entry["end_to_end_tokens_per_s"]
+            checks[f"speedup_{key}"] = speedup
+            checks[f"speedup_{key}_ok"] = speedup >= TARGETS["speedup_vs_hf_min"]
+            checks[f"decode_step_speedup_{key}"] = (
+                entry["decode_ms_per_step"] / ours[key]["decode_ms_per_step_median"]
+            )
+    return checks
+
+
+def main() -> None:
+    args = parse_args()
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    torch.manual_seed(0)
+    ours_model, hf = build_models(args, device, dtype)
+    vocab = ours_model.config.vocab_size
+    start = time.perf_counter()
+    engine = LLMEngine.from_model(
+        ours_model,
+        max_batch_size=max(int(b) for b in args.batch_sizes.split(",")),
+        max_seq_len=args.max_seq_len,
+        cuda_graphs=not args.no_cuda_graphs,
+        compile=args.compile,
+        max_top_k=max(args.top_k, 64),
+    )
+    build_s = time.perf_counter() - start
+    ours = bench_ours(engine, args, device, vocab)
+    del engine
+    hf_results = bench_hf(hf, args, device, vocab) if hf is not None else {}
+    import transformers
+
+    report = {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": args.dtype,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "dtype", "device")}
+        | {
+            "device": args.device,
+            "engine_build_s": build_s,
+            "graphs_captured": device.type == "cuda" and not args.no_cuda_graphs,
+        },
+        "ours": ours,
+        "transformers_generate": hf_results,
+        "targets": TARGETS,
+        "checks": target_checks(ours, hf_results),
+    }
+    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["checks"], indent=2))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

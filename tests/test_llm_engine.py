@@ -1,0 +1,263 @@
+"""Engine semantics on CPU: in-flight batching, slots, sampling, streaming, cancellation."""
+
+import queue
+
+import pytest
+import torch
+
+from tritontts.llm.config import Qwen2Config
+from tritontts.llm.engine import LLMEngine
+from tritontts.llm.loader import build_model
+from tritontts.llm.sampling import (
+    SamplingBatch,
+    apply_repetition_penalty,
+    sample,
+    top_k_top_p_keep,
+    uniform_noise,
+)
+from tritontts.llm.sequence import FinishReason, SamplingParams
+from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
+
+VOCAB = 1000
+PROMPTS = [
+    [5, 17, 912, 33, 4, 250, 251, 7, 99, 640, 3],
+    [8, 9],
+    [100, 200, 300, 400, 500],
+    [42] * 7,
+    [3, 1, 4, 1, 5],
+]
+SAMPLED = SamplingParams(
+    max_tokens=16, temperature=0.9, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=1234
+)
+GREEDY = SamplingParams(max_tokens=16, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = Qwen2Config.from_dict(qwen2_config("tiny", vocab_size=VOCAB))
+    return build_model(
+        config, qwen2_state_dict("tiny", seed=3, vocab_size=VOCAB), "cpu", torch.float32, "synthetic"
+    )
+
+
+def make_engine(model, max_batch_size=4, **options) -> LLMEngine:
+    return LLMEngine.from_model(
+        model, max_batch_size=max_batch_size, max_seq_len=96, max_top_k=VOCAB, **options
+    )
+
+
+def alone(model, prompt, params):
+    return make_engine(model, max_batch_size=1).generate([prompt], params)[0]
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_batched_mixed_lengths_equal_one_at_a_time(model, params):
+    batched = make_engine(model, max_batch_size=3).generate(PROMPTS, params)
+    assert batched == [alone(model, p, params) for p in PROMPTS]
+    assert len(set(map(tuple, batched))) == len(PROMPTS)
+
+
+def test_padded_buckets_give_the_same_tokens(model):
+    padded = make_engine(model, max_batch_size=8, cuda_graphs=True).generate(PROMPTS[:3], SAMPLED)
+    assert padded == make_engine(model).generate(PROMPTS[:3], SAMPLED)
+
+
+def test_requests_joining_mid_run_match_running_alone(model):
+    engine = make_engine(model)
+    outputs = {}
+
+    def collect(event):
+        outputs.setdefault(event.request_id, []).extend(event.token_ids)
+
+    first = engine.add_request(PROMPTS[0], SAMPLED, collect)
+    for _ in range(5):
+        engine.step()
+    second = engine.add_request(PROMPTS[1], GREEDY, collect)
+    engine.step()
+    third = engine.add_request(PROMPTS[2], SAMPLED, collect)
+    while engine.has_work():
+        engine.step()
+    assert outputs[first] == alone(model, PROMPTS[0], SAMPLED)
+    assert outputs[second] == alone(model, PROMPTS[1], GREEDY)
+    assert outputs[third] == alone(model, PROMPTS[2], SAMPLED)
+
+
+def test_seed_reproducible_and_seeds_differ(model):
+    again = alone(model, PROMPTS[0], SAMPLED)
+    assert again == alone(model, PROMPTS[0], SAMPLED)
+    other = SamplingParams(**{**SAMPLED.__dict__, "seed": 99})
+    assert alone(model, PROMPTS[0], other) != again
+
+
+def test_max_tokens_min_tokens_and_end_id(model):
+    free = alone(model, PROMPTS[0], SamplingParams(max_tokens=12, temperature=0))
+    assert len(free) == 12
+    end_id = free[4]
+    first_end = free.index(end_id)
+    stopped = alone(model, PROMPTS[0], SamplingParams(max_tokens=12, temperature=0, end_id=end_id))
+    assert stopped == free[:first_end]
+    late = alone(model, PROMPTS[0], SamplingParams(max_tokens=12, temperature=0, end_id=end_id, min_tokens=6))
+    assert len(late) >= 6 and end_id not in late[:6]
+
+
+def test_finish_reasons_and_streaming_events(model):
+    engine = make_engine(model)
+    events = queue.Queue()
+    end_id = alone(model, PROMPTS[1], GREEDY)[3]
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=5, temperature=0), events.put)
+    engine.add_request(PROMPTS[1], SamplingParams(max_tokens=50, temperature=0, end_id=end_id), events.put)
+    while engine.has_work():
+        engine.step()
+    seen = {}
+    while not events.empty():
+        event = events.get()
+        assert event.request_id not in seen or seen[event.request_id][-1] is None, "event after final"
+        seen.setdefault(event.request_id, []).append(event.finish_reason)
+    assert seen[0][-1] == FinishReason.MAX_TOKENS and seen[0][:-1] == [None] * 4
+    assert seen[1][-1] == FinishReason.END_ID
+
+
+def test_cancel_frees_the_slot_for_a_new_request(model):
+    engine = make_engine(model, max_batch_size=2)
+    finals = {}
+
+    def collect(event):
+        if event.finished:
+            finals[event.request_id] = event.finish_reason
+
+    long = SamplingParams(max_tokens=80, temperature=0)
+    a = engine.add_request(PROMPTS[0], long, collect)
+    b = engine.add_request(PROMPTS[1], long, collect)
+    engine.step()
+    assert [s.request_id for s in engine.scheduler.running] == [a, b]
+    engine.cancel(a)
+    c = engine.add_request(PROMPTS[2], SAMPLED, collect)
+    engine.step()
+    assert finals[a] == FinishReason.CANCELLED
+    assert [s.request_id for s in engine.scheduler.running] == [b, c]
+    while engine.has_work():
+        engine.step()
+    assert engine.scheduler.running == [] and finals[c] == FinishReason.MAX_TOKENS
+    outputs = {}
+    engine2 = make_engine(model, max_batch_size=2)
+    engine2.add_request(
+        PROMPTS[2], SAMPLED, lambda e: outputs.setdefault(e.request_id, []).extend(e.token_ids)
+    )
+    while engine2.has_work():
+        engine2.step()
+    assert outputs[0] == alone(model, PROMPTS[2], SAMPLED)
+
+
+def test_cancel_while_waiting_and_with_all_slots_busy(model):
+    engine = make_engine(model, max_batch_size=1)
+    finals = {}
+
+    def collect(event):
+        if event.finished:
+            finals[event.request_id] = event.finish_reason
+
+    running = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=10, temperature=0), collect)
+    waiting = engine.add_request(PROMPTS[1], GREEDY, collect)
+    engine.step()
+    engine.cancel(waiting)
+    engine.cancel(12345)
+    engine.step()
+    assert finals == {waiting: FinishReason.CANCELLED}
+    while engine.has_work():
+        engine.step()
+    assert finals[running] == FinishReason.MAX_TOKENS
+
+
+def test_moved_slot_keeps_generating_the_same_tokens(model):
+    engine = make_engine(model, max_batch_size=3)
+    outputs = {}
+    short = SamplingParams(max_tokens=3, temperature=0)
+    ids = [
+        engine.add_request(p, params, lambda e: outputs.setdefault(e.request_id, []).extend(e.token_ids))
+        for p, params in [(PROMPTS[0], short), (PROMPTS[3], SAMPLED), (PROMPTS[2], GREEDY)]
+    ]
+    while engine.has_work():
+        engine.step()
+    assert outputs[ids[1]] == alone(model, PROMPTS[3], SAMPLED)
+    assert outputs[ids[2]] == alone(model, PROMPTS[2], GREEDY)
+
+
+def test_background_thread_serves_concurrent_generate(model):
+    engine = make_engine(model)
+    engine.start()
+    try:
+        assert engine.generate(PROMPTS[:3], SAMPLED) == [alone(model, p, SAMPLED) for p in PROMPTS[:3]]
+        stream = queue.Queue()
+        engine.add_request(PROMPTS[0], SamplingParams(max_tokens=4, temperature=0), stream.put)
+        tokens = []
+        while not (event := stream.get(timeout=30)).finished:
+            tokens += event.token_ids
+        assert tokens + event.token_ids == alone(
+            model, PROMPTS[0], SamplingParams(max_tokens=4, temperature=0)
+        )
+    finally:
+        engine.stop()
+
+
+def test_bad_requests_are_refused(model):
+    engine = make_engine(model)
+    with pytest.raises(ValueError):
+        engine.add_request([], GREEDY)
+    with pytest.raises(ValueError):
+        engine.add_request([VOCAB], GREEDY)
+    with pytest.raises(ValueError):
+        engine.add_request([1] * 96, GREEDY)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0)
+    assert engine.generate([[1] * 90], SamplingParams(max_tokens=50, temperature=0)) != []
+    assert len(engine.generate([[1] * 90], SamplingParams(max_tokens=50, temperature=0))[0]) == 6
+
+
+def test_repetition_penalty_equals_transformers():
+    transformers = pytest.importorskip("transformers")
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    history = torch.tensor([[1, 2, 2, 7], [0, 49, 3, 3], [10, 11, 12, 13]])
+    penalty = torch.tensor([1.3, 1.3, 1.3])
+    seen = torch.zeros(3, 50, dtype=torch.bool).scatter_(1, history, True)
+    reference = transformers.RepetitionPenaltyLogitsProcessor(1.3)(history, logits.clone())
+    assert torch.allclose(apply_repetition_penalty(logits, seen, penalty), reference)
+
+
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.8), (10, 0.7), (50, 0.3), (1, 0.9)])
+def test_top_k_top_p_mask_equals_transformers(top_k, top_p):
+    transformers = pytest.importorskip("transformers")
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(top_k)) * 2
+    reference = logits.clone()
+    if top_k > 0:
+        reference = transformers.TopKLogitsWarper(top_k)(None, reference)
+    if top_p < 1:
+        reference = transformers.TopPLogitsWarper(top_p)(None, reference)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    keep = top_k_top_p_keep(sorted_logits, torch.full((4,), top_k), torch.full((4,), top_p))
+    ours = torch.zeros_like(keep).scatter_(1, order, keep)
+    assert torch.equal(ours, reference > float("-inf"))
+
+
+def test_sampling_follows_the_distribution_and_is_batch_invariant():
+    vocab, draws = 8, 4000
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1, 0, 0, 0, 0]) + 1e-12).repeat(draws, 1)
+
+    def batch(rows, seed_offset=0):
+        return SamplingBatch(
+            temperature=torch.ones(rows),
+            top_k=torch.zeros(rows, dtype=torch.int64),
+            top_p=torch.ones(rows),
+            repetition_penalty=torch.ones(rows),
+            seed=torch.arange(rows) + seed_offset,
+            end_id=torch.full((rows,), -1),
+            min_tokens=torch.zeros(rows, dtype=torch.int64),
+            step=torch.zeros(rows, dtype=torch.int64),
+            seen=torch.zeros(rows, vocab, dtype=torch.bool),
+        )
+
+    tokens = sample(logits, batch(draws), max_top_k=vocab)
+    freq = torch.bincount(tokens, minlength=vocab).float() / draws
+    assert torch.allclose(freq, torch.tensor([0.4, 0.3, 0.2, 0.1, 0, 0, 0, 0]), atol=0.03)
+    assert torch.equal(sample(logits[:1], batch(1, 17), vocab), tokens[17:18])
+    noise = uniform_noise(torch.tensor([1, 2]), torch.tensor([0, 0]), torch.arange(100000).repeat(2, 1))
+    assert 0 < noise.min() and noise.max() < 1 and abs(noise.mean() - 0.5) < 0.01

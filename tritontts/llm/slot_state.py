@@ -1,0 +1,88 @@
+"""Per-slot device tensors a decode step reads and advances: last token, position, sampling settings."""
+
+from __future__ import annotations
+
+import torch
+
+from tritontts.llm.sampling import SamplingBatch
+from tritontts.llm.sequence import SamplingParams
+
+FIELDS = (
+    "last_token",
+    "position",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "seed",
+    "end_id",
+    "min_tokens",
+    "step",
+)
+FLOAT_FIELDS = ("temperature", "top_p", "repetition_penalty")
+
+
+class SlotState:
+    def __init__(self, slots: int, vocab_size: int, device: torch.device):
+        for name in FIELDS:
+            dtype = torch.float32 if name in FLOAT_FIELDS else torch.int64
+            setattr(self, name, torch.zeros(slots, dtype=dtype, device=device))
+        self.seen = torch.zeros(slots, vocab_size, dtype=torch.bool, device=device)
+
+    def rows(self, start: int, stop: int) -> SamplingBatch:
+        return SamplingBatch(
+            temperature=self.temperature[start:stop],
+            top_k=self.top_k[start:stop],
+            top_p=self.top_p[start:stop],
+            repetition_penalty=self.repetition_penalty[start:stop],
+            seed=self.seed[start:stop],
+            end_id=self.end_id[start:stop],
+            min_tokens=self.min_tokens[start:stop],
+            step=self.step[start:stop],
+            seen=self.seen[start:stop],
+        )
+
+    def assign(self, slot: int, params: SamplingParams, seed: int, prompt_ids: torch.Tensor) -> None:
+        """Settings of a new request; position and last token are set after its prefill."""
+        values = {
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+            "repetition_penalty": params.repetition_penalty,
+            "seed": seed & (2**63 - 1),
+            "end_id": -1 if params.end_id is None else params.end_id,
+            "min_tokens": params.min_tokens,
+            "step": 0,
+            "position": 0,
+            "last_token": 0,
+        }
+        for name, value in values.items():
+            getattr(self, name)[slot] = value
+        self.seen[slot] = False
+        self.seen[slot, prompt_ids] = True
+
+    def start_decoding(self, slot: int, token: torch.Tensor, prompt_len: int) -> None:
+        """After prefill sampled `token` (a 1-element tensor): the next decode feeds it at `prompt_len`."""
+        self.last_token[slot : slot + 1] = token
+        self.position[slot] = prompt_len
+        self.step[slot] = 1
+        self.seen[slot].scatter_(0, token, True)
+
+    def advance(self, stop: int, tokens: torch.Tensor, max_position: int) -> None:
+        """After a decode step over rows [0, stop): graph-capturable, no host sync.
+
+        Writes index whole buffers (no sliced views), so that torch.compile updates them in place.
+        """
+        rows = torch.arange(stop, device=tokens.device)
+        self.position.index_put_((rows,), (self.position[:stop] + 1).clamp(max=max_position))
+        self.step.index_put_((rows,), self.step[:stop] + 1)
+        self.last_token.index_put_((rows,), tokens)
+        self.seen.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.bool))
+
+    def move(self, src: int, dst: int) -> None:
+        for name in (*FIELDS, "seen"):
+            tensor = getattr(self, name)
+            tensor[dst] = tensor[src]
+
+    def clear(self, slot: int) -> None:
+        self.position[slot] = 0
