@@ -199,9 +199,11 @@ def main() -> None:
     ours_model, hf = build_models(args, device, dtype)
     vocab = ours_model.config.vocab_size
     start = time.perf_counter()
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     engine = LLMEngine.from_model(
         ours_model,
-        max_batch_size=max(int(b) for b in args.batch_sizes.split(",")),
+        max_batch_size=max(batch_sizes),
+        graph_batch_sizes=batch_sizes,
         max_seq_len=args.max_seq_len,
         cuda_graphs=not args.no_cuda_graphs,
         compile=args.compile,

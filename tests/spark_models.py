@@ -42,7 +42,7 @@ def build_spark_models(repo: Path, data: Path) -> None:
             repo,
             name,
             f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:8,"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false",
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false",
         )
     for name, decoupled, llm in (
         ("spark_tts", True, "tensorrt_llm"),

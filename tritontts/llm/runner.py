@@ -32,6 +32,7 @@ class ModelRunner:
         cuda_graphs: bool = True,
         compile: bool = False,
         max_top_k: int = 1024,
+        graph_batch_sizes: list[int] | None = None,
     ):
         self.model = model
         self.device = model.model.embed_tokens.weight.device
@@ -44,7 +45,11 @@ class ModelRunner:
         self.rope_tables = (model.rope_cos, model.rope_sin)  # what this runner's CUDA graphs read stays alive
         self.cache = KVCache(config, max_batch_size, max_seq_len, self.device, self.dtype)
         self.state = SlotState(max_batch_size, config.vocab_size, self.device)
-        self.buckets = batch_buckets(max_batch_size)
+        self.buckets = (
+            sorted({b for b in graph_batch_sizes if b < max_batch_size} | {max_batch_size})
+            if graph_batch_sizes
+            else batch_buckets(max_batch_size)
+        )
         self.step_fn = self._decode_step
         if compile:
             torch._dynamo.config.recompile_limit = max(

@@ -91,6 +91,7 @@ class TritonPythonModel:
             max_batch_size=model_param(config, "max_batch_size", int, default=16),
             max_seq_len=model_param(config, "max_seq_len", int, default=2560),
             cuda_graphs=model_param(config, "cuda_graphs", bool, default=True),
+            compile=model_param(config, "compile", bool, default=False),
         )
         self.engine.start()
 

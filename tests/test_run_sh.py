@@ -1,0 +1,91 @@
+"""run.sh from a synthetic checkpoint to WAV files and a benchmark summary, offline then streaming (CPU)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile
+
+from tritontts.triton.server import free_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run_sh(*args: str, exp: Path, ports: list[int], timeout: int = 600) -> subprocess.CompletedProcess:
+    command = [
+        "bash",
+        "run.sh",
+        *args,
+        "--exp_dir",
+        str(exp),
+        "--python",
+        sys.executable,
+        "--http_port",
+        str(ports[0]),
+        "--grpc_port",
+        str(ports[1]),
+        "--metrics_port",
+        str(ports[2]),
+    ]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory, prompt_zh):
+    exp = tmp_path_factory.mktemp("exp")
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/make_benchmark_data.py",
+            "--output-dir",
+            str(exp / "data"),
+            "--num-rows",
+            "4",
+            "--no-espeak",
+            "--prompt-wav",
+            str(prompt_zh),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return exp
+
+
+@pytest.mark.parametrize("mode, stages", [("offline", ("0", "5")), ("streaming", ("2", "5"))])
+def test_stages_leave_wavs_and_a_summary(exp, mode, stages):
+    ports = free_ports(3)
+    options = [
+        "--model_source",
+        "synthetic-tiny",
+        "--llm_backend",
+        "torch",
+        "--max_new_tokens",
+        "60",
+        "--num_tasks",
+        "2",
+        "--dataset",
+        str(exp / "data"),
+        "--reference_audio",
+        str(ROOT.parent / "shared/data/prompt_zh.wav"),
+    ]
+    try:
+        done = run_sh(*stages, mode, *options, exp=exp, ports=ports)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:
+        run_sh("stop", exp=exp, ports=ports)
+    home = exp / "spark_tts"
+    (run,) = json.loads((home / f"log_{mode}_tasks_2" / "summary.json").read_text())["runs"]
+    assert (run["mode"], run["succeeded"], run["failed"]) == (mode, 4, 0)
+    assert run["audio_seconds"] == pytest.approx(4 * 60 * 320 / 16000)
+    wavs = list((home / f"log_{mode}_tasks_2").rglob("*.wav"))
+    assert len(wavs) == 4
+    single = list((home / f"single_{mode}").glob("*.wav"))
+    assert len(single) == 1 and soundfile.info(single[0]).frames == 60 * 320
+    assert (
+        not (home / "tritonserver.pid").exists()
+        or not Path(f"/proc/{(home / 'tritonserver.pid').read_text().strip()}").exists()
+    )
