@@ -48,6 +48,7 @@ kv_cache_free_gpu_mem_fraction=0.5
 max_tokens_in_paged_kv_cache=2560
 
 # Triton
+server_address=127.0.0.1            # where tritonserver listens; 0.0.0.0 inside a container with mapped ports
 http_port=8000
 grpc_port=8001
 metrics_port=8002
@@ -233,7 +234,7 @@ fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   log "Stage 3: tritonserver on http $http_port, grpc $grpc_port, metrics $metrics_port"
-  server_cli start --model-repo "$model_repo" --http-port "$http_port" --grpc-port "$grpc_port" \
+  server_cli start --model-repo "$model_repo" --address "$server_address" --http-port "$http_port" --grpc-port "$grpc_port" \
     --metrics-port "$metrics_port" --timeout "$server_timeout"
   if [ "$foreground" = true ]; then
     log "staying attached to the server (pid $(cat "$pid_file")); log: $server_log"

@@ -12,7 +12,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
-COMPOSE_RUN_SH_OPTIONS = ("model", "llm_backend", "model_source", "foreground")
+COMPOSE_RUN_SH_OPTIONS = ("model", "llm_backend", "model_source", "server_address", "foreground")
 
 
 def dockerfile() -> str:
