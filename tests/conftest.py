@@ -74,7 +74,7 @@ def _module_entries(items: list[pytest.Item]) -> list[Path | Callable]:
         if module is None or module.__name__ in seen:
             continue
         seen.add(module.__name__)
-        entries.extend(getattr(module, "TRITON_MODELS", ()))
+        entries.extend(e for e in getattr(module, "TRITON_MODELS", ()) if e not in entries)
     return entries
 
 
