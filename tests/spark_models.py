@@ -18,6 +18,7 @@ TEMPLATES = ROOT / "model_repo"
 COMMON = "triton_max_batch_size:16,max_queue_delay_microseconds:0"
 STREAMING = "audio_chunk_duration:1.0,max_audio_chunk_duration:30.0,audio_chunk_size_scale_factor:2.0,audio_chunk_overlap_duration:0.1"
 MAX_NEW_TOKENS = 120
+LLM_SLOTS = 4  # engine slots of the decoupled tensorrt_llm
 
 
 def install(template: str, repo: Path, name: str, values: str) -> Path:
@@ -36,12 +37,12 @@ def build_spark_models(repo: Path, data: Path) -> None:
     model_dir = write_spark_checkpoint(data / "spark_tiny", preset="tiny", seed=0).resolve()
     for name in ("audio_tokenizer", "vocoder"):
         install(name, repo, name, f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu")
-    for name, decoupled in (("tensorrt_llm", True), ("tensorrt_llm_offline", False)):
+    for name, decoupled, slots in (("tensorrt_llm", True, LLM_SLOTS), ("tensorrt_llm_offline", False, 8)):
         install(
             "tensorrt_llm_torch",
             repo,
             name,
-            f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:8,"
+            f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
             "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false",
         )
     for name, decoupled, llm in (

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from spark_models import build_spark_models
+from spark_models import LLM_SLOTS, build_spark_models
 from triton_stream import Stream, make_inputs
 
 from tritontts.llm.engine import LLMEngine
@@ -53,20 +53,38 @@ def tokens_of(result) -> list[int]:
 
 
 def test_concurrent_streams_of_different_lengths_one_cancelled(server, engine):
-    specs = [(12, 40, 1), (30, 25, 2), (7, 60, 3), (50, 35, 4), (20, 200, 5)]
+    specs = [(12, 40, 1), (30, 25, 2), (7, 60, 3), (50, 35, 4)]
+    cancelled = Stream(server.grpc_url, "tensorrt_llm", request(prompt(20, 5), 200, 5), OUTPUTS)
     streams = [
         Stream(server.grpc_url, "tensorrt_llm", request(prompt(n, s), m, s), OUTPUTS) for n, m, s in specs
     ]
-    cancelled = streams[-1]
     partial = cancelled.read(limit=3)
     cancelled.cancel()
-    late = Stream(server.grpc_url, "tensorrt_llm", request(prompt(9, 77), 30, 77), OUTPUTS)
-    results = [s.read() for s in streams[:-1]] + [late.read()]
-    for (n, m, s), result in zip(specs[:-1] + [(9, 30, 77)], results):
+    results = [s.read() for s in streams]
+    for (n, m, s), result in zip(specs, results):
         assert result.error is None
         assert len(result.outputs) >= 2, "tokens must arrive as they are generated"
-        assert tokens_of(result) == expected(engine, prompt(n, s if s != 77 else 77), m, s)
+        assert tokens_of(result) == expected(engine, prompt(n, s), m, s)
     assert 1 <= len(tokens_of(partial)) < 200
+
+
+def test_a_cancelled_request_frees_its_slot_at_once(server, engine):
+    long = [
+        Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, s), 150, s), OUTPUTS) for s in (21, 22, 23)
+    ]
+    cancelled = Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, 24), 150, 24), OUTPUTS)
+    assert len(long) + 1 == LLM_SLOTS
+    cancelled.read(limit=2)
+    for stream in long:
+        stream.read(limit=2)  # all four slots are busy now
+    cancelled.cancel()
+    late = Stream(server.grpc_url, "tensorrt_llm", request(prompt(9, 77), 20, 77), OUTPUTS).read()
+    results = [stream.read() for stream in long]
+    assert tokens_of(late) == expected(engine, prompt(9, 77), 20, 77)
+    # Only the cancelled request's slot could have taken the late one while the long ones ran.
+    assert late.times[-1] < min(result.times[-1] for result in results)
+    for s, result in zip((21, 22, 23), results):
+        assert tokens_of(result) == expected(engine, prompt(10, s), 150, s)
 
 
 def test_offline_model_returns_all_tokens_at_once(server, engine):

@@ -23,7 +23,7 @@ def make_inputs(arrays: dict[str, np.ndarray]) -> list:
 @dataclass
 class StreamResult:
     outputs: list[dict[str, np.ndarray]] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # arrival of each data response
     error: str | None = None
     started: float = 0.0
     finished: float = 0.0
@@ -37,7 +37,7 @@ class Stream:
         self.events: queue.Queue = queue.Queue()
         self.outputs = outputs
         self.result = StreamResult(started=time.monotonic())
-        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error, time.monotonic())))
         self.client.async_stream_infer(
             model,
             make_inputs(arrays),
@@ -48,14 +48,14 @@ class Stream:
     def read(self, limit: int | None = None, timeout: float = 120.0) -> StreamResult:
         """Collect responses until the final one (or `limit` data responses); then close unless limited."""
         while limit is None or len(self.result.outputs) < limit:
-            result, error = self.events.get(timeout=timeout)
+            result, error, arrived = self.events.get(timeout=timeout)
             if error is not None:
                 self.result.error = str(error)
                 break
             response = result.get_response()
             if result.as_numpy(self.outputs[0]) is not None:
                 self.result.outputs.append({n: result.as_numpy(n) for n in self.outputs})
-                self.result.times.append(time.monotonic())
+                self.result.times.append(arrived)
             if response.parameters["triton_final_response"].bool_param:
                 break
         self.result.finished = time.monotonic()
