@@ -214,7 +214,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   done
   common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseconds:${max_queue_delay_microseconds}"
   fill "$model_repo/audio_tokenizer/config.pbtxt" \
-    "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device}"
+    "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device},max_reference_seconds:${max_reference_seconds}"
   fill "$model_repo/vocoder/config.pbtxt" \
     "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device}"
   fill "$model_repo/spark_tts/config.pbtxt" \

@@ -35,8 +35,13 @@ def build_spark_models(repo: Path, data: Path) -> None:
     from tritontts.synthetic.spark import write_spark_checkpoint
 
     model_dir = write_spark_checkpoint(data / "spark_tiny", preset="tiny", seed=0).resolve()
-    for name in ("audio_tokenizer", "vocoder"):
-        install(name, repo, name, f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu")
+    install(
+        "audio_tokenizer",
+        repo,
+        "audio_tokenizer",
+        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:30",
+    )
+    install("vocoder", repo, "vocoder", f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu")
     for name, decoupled, slots in (("tensorrt_llm", True, LLM_SLOTS), ("tensorrt_llm_offline", False, 8)):
         install(
             "tensorrt_llm_torch",

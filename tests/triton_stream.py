@@ -37,7 +37,9 @@ class Stream:
         self.events: queue.Queue = queue.Queue()
         self.outputs = outputs
         self.result = StreamResult(started=time.monotonic())
-        self.client.start_stream(callback=lambda result, error: self.events.put((result, error, time.monotonic())))
+        self.client.start_stream(
+            callback=lambda result, error: self.events.put((result, error, time.monotonic()))
+        )
         self.client.async_stream_infer(
             model,
             make_inputs(arrays),

@@ -71,15 +71,18 @@ def check_text(value: str, field: str, limits: RequestLimits, allow_empty: bool 
     return value
 
 
+def check_reference_wav(wav: np.ndarray, limits: RequestLimits) -> np.ndarray:
+    try:
+        return check_waveform(wav, SAMPLE_RATE, limits.audio, name="reference_wav")
+    except AudioError as err:
+        raise RequestError("reference_wav", str(err).removeprefix("reference_wav ")) from err
+
+
 def check_request(
     reference_wav: np.ndarray, reference_text: str, target_text: str, limits: RequestLimits
 ) -> SparkRequest:
-    try:
-        wav = check_waveform(reference_wav, SAMPLE_RATE, limits.audio, name="reference_wav")
-    except AudioError as err:
-        raise RequestError("reference_wav", str(err).removeprefix("reference_wav ")) from err
     return SparkRequest(
-        wav,
+        check_reference_wav(reference_wav, limits),
         check_text(reference_text, "reference_text", limits, allow_empty=True),
         check_text(target_text, "target_text", limits),
     )

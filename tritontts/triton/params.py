@@ -86,6 +86,20 @@ def required_input(
     return array
 
 
+def waveform_input(
+    pb_utils: Any, request: Any, name: str = "reference_wav", length_name: str = "reference_wav_len"
+) -> np.ndarray:
+    """One request's FP32 [1, N] audio cut to its INT32 [1, 1] length (the upstream Spark/CosyVoice inputs)."""
+    wav = required_input(pb_utils, request, name, dtype=np.float32, ndim=2)
+    length = required_input(pb_utils, request, length_name, dtype=np.int32).reshape(-1)
+    if wav.shape[0] != 1 or length.size != 1:
+        raise RequestError(name, f"must hold one audio per request, got {wav.shape[0]}")
+    n = int(length[0])
+    if not 0 < n <= wav.shape[1]:
+        raise RequestError(length_name, f"must be in 1..{wav.shape[1]}, got {n}")
+    return wav[0, :n]
+
+
 def check_array(array: np.ndarray, name: str, dtype: Any = None, ndim: int | None = None) -> np.ndarray:
     if dtype is not None and array.dtype != np.dtype(dtype):
         raise RequestError(name, f"must be {np.dtype(dtype)}, got {array.dtype}")

@@ -9,9 +9,10 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritontts.audio import AudioError, check_waveform
+from tritontts.audio import AudioLimits
 from tritontts.spark.codec import SparkCodec
-from tritontts.triton.params import RequestError, error_response, model_param, required_input
+from tritontts.spark.service import RequestLimits, check_reference_wav
+from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
 
@@ -21,6 +22,8 @@ class TritonPythonModel:
         self.codec = SparkCodec(
             model_param(config, "model_dir"), model_param(config, "device", default="auto")
         )
+        max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
+        self.limits = RequestLimits(audio=AudioLimits(max_seconds=max_seconds))
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
         self.families = {
             kind: pb_utils.MetricFamily(
@@ -35,17 +38,7 @@ class TritonPythonModel:
         )
 
     def _reference(self, request):
-        wav = required_input(pb_utils, request, "reference_wav", dtype=np.float32, ndim=2)
-        length = required_input(pb_utils, request, "reference_wav_len", dtype=np.int32).reshape(-1)
-        if wav.shape[0] != 1 or length.size != 1:
-            raise RequestError("reference_wav", f"must hold one audio per request, got {wav.shape[0]}")
-        n = int(length[0])
-        if not 0 < n <= wav.shape[1]:
-            raise RequestError("reference_wav_len", f"must be in 1..{wav.shape[1]}, got {n}")
-        try:
-            return check_waveform(wav[0, :n], self.codec.sample_rate, name="reference_wav")
-        except AudioError as err:
-            raise RequestError("reference_wav", str(err).removeprefix("reference_wav ")) from err
+        return check_reference_wav(waveform_input(pb_utils, request), self.limits)
 
     def execute(self, requests):
         voices, wavs, keys, slots = [None] * len(requests), [], [], []

@@ -15,7 +15,7 @@ from tritontts.spark.service import RequestLimits, SparkPrompter, SparkTTSServic
 from tritontts.streaming import ChunkSchedule
 from tritontts.triton.bls import call_model, stream_model
 from tritontts.triton.llm_contract import OUTPUT_NAMES, SamplingParams, generated_tokens, llm_request_inputs
-from tritontts.triton.params import RequestError, error_response, model_param, required_input, string_input
+from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 
 
 class TritonPythonModel:
@@ -86,15 +86,8 @@ class TritonPythonModel:
         return out["waveform"].reshape(-1)
 
     def _parse(self, request):
-        wav = required_input(pb_utils, request, "reference_wav", dtype=np.float32, ndim=2)
-        length = required_input(pb_utils, request, "reference_wav_len", dtype=np.int32).reshape(-1)
-        if wav.shape[0] != 1 or length.size != 1:
-            raise RequestError("reference_wav", f"must hold one audio per request, got {wav.shape[0]}")
-        n = int(length[0])
-        if not 0 < n <= wav.shape[1]:
-            raise RequestError("reference_wav_len", f"must be in 1..{wav.shape[1]}, got {n}")
         return check_request(
-            wav[0, :n],
+            waveform_input(pb_utils, request),
             string_input(pb_utils, request, "reference_text"),
             string_input(pb_utils, request, "target_text"),
             self.limits,
