@@ -24,31 +24,14 @@ from tritontts.trtllm import build
 from tritontts.trtllm.convert import ConvertOptions, HfQwen2Config, convert_checkpoint, trtllm_config
 
 transformers = pytest.importorskip("transformers")
+from hf_reference import tiny_hf_qwen2  # noqa: E402
 
 VOCAB = 501  # odd: tp=2 and tp=4 must pad the lm_head rows
 REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_qwen2(tied: bool, seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rope_theta=1_000_000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tied,
-    )
-    model = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                param.normal_(0.0 if name.endswith("bias") else 1.0, 0.1)
-    return model
+    return tiny_hf_qwen2(VOCAB, tied=tied, seed=seed)
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])

@@ -12,35 +12,14 @@ from tritontts.llm.loader import load_pretrained
 from tritontts.llm.sequence import SamplingParams
 
 transformers = pytest.importorskip("transformers")
+from hf_reference import tiny_hf_qwen2  # noqa: E402
 
 VOCAB = 1000
 PROMPT = [5, 17, 912, 33, 4, 250, 251, 7, 99, 640, 3]
 
 
 def tiny_hf_model(tie: bool, seed: int = 0):
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rope_theta=1e6,
-        tie_word_embeddings=tie,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.15 if "bias" not in name else 0.1)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+    return tiny_hf_qwen2(VOCAB, tied=tie, seed=seed)
 
 
 @pytest.fixture(scope="module", params=["untied", "tied", "sharded"])
