@@ -1,0 +1,130 @@
+"""Both clients against the real tritonserver (tiny synthetic Spark-TTS), both modes, concurrency 1 and 4."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile
+from spark_models import MAX_NEW_TOKENS, build_spark_models
+from test_clients_errors import assert_one_clear_line
+
+TRITON_MODELS = [build_spark_models]
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {"streaming": "spark_tts", "offline": "spark_tts_offline"}
+
+
+@pytest.fixture(scope="module")
+def server(triton):
+    return triton.load("audio_tokenizer", "vocoder", "tensorrt_llm", "tensorrt_llm_offline", *MODELS.values())
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, prompt_zh) -> Path:
+    out = tmp_path_factory.mktemp("bench_data")
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/make_benchmark_data.py",
+            "--output-dir",
+            str(out),
+            "--num-rows",
+            "4",
+            "--no-espeak",
+            "--prompt-wav",
+            str(prompt_zh),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def grpc_client(server, *args: str) -> subprocess.CompletedProcess:
+    host, port = server.grpc_url.split(":")
+    command = [
+        sys.executable,
+        str(ROOT / "client_grpc.py"),
+        "--server-addr",
+        host,
+        "--server-port",
+        port,
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("tasks", [1, 4])
+@pytest.mark.parametrize("mode", ["offline", "streaming"])
+def test_benchmark_summary(server, dataset, tmp_path, mode, tasks):
+    done = grpc_client(
+        server,
+        "--model-name",
+        MODELS[mode],
+        "--mode",
+        mode,
+        "--num-tasks",
+        str(tasks),
+        "--huggingface-dataset",
+        str(dataset),
+        "--log-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    (run,) = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    assert (run["concurrency"], run["succeeded"], run["failed"]) == (tasks, 4, 0)
+    assert run["audio_seconds"] == pytest.approx(4 * MAX_NEW_TOKENS * 320 / 16000)
+    assert run["rtf"] == pytest.approx(run["wall_seconds"] / run["audio_seconds"])
+    assert (run["first_chunk_latency"] is not None) == (mode == "streaming")
+    assert len(list(tmp_path.rglob("*.wav"))) == 4
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| " + mode.capitalize() + " | " + str(tasks) + " |" in (tmp_path / "summary.md").read_text()
+
+
+def test_http_client_single_utterance(server, prompt_zh, tmp_path):
+    host, port = server.http_url.split(":")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "client_http.py"),
+            "--server-addr",
+            host,
+            "--server-port",
+            port,
+            "--model-name",
+            MODELS["offline"],
+            "--reference-audio",
+            str(prompt_zh),
+            "--reference-text",
+            "参考。",
+            "--target-text",
+            "Hello.",
+            "--output-audio",
+            str(tmp_path / "one.wav"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert soundfile.info(tmp_path / "one.wav").frames == MAX_NEW_TOKENS * 320
+
+
+def test_wrong_model_name_is_one_line(server, dataset, tmp_path):
+    done = grpc_client(server, "--model-name", "no_such_model", "--huggingface-dataset", str(dataset))
+    assert_one_clear_line(done, "no_such_model")
+
+
+def test_mode_that_does_not_match_the_model_is_one_line(server, dataset):
+    done = grpc_client(
+        server,
+        "--model-name",
+        MODELS["offline"],
+        "--mode",
+        "streaming",
+        "--huggingface-dataset",
+        str(dataset),
+    )
+    assert_one_clear_line(done)
