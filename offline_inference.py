@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Benchmark the whole Spark-TTS pipeline in one process, no server: audio tokenizer → LLM → vocoder.
+
+    python offline_inference.py --model-dir Spark-TTS-0.5B --huggingface-dataset exp/bench_data \
+        --split-name wenetspeech4tts --backend torch --batch-sizes 1,2,4,8,16 --log-dir exp/offline
+
+For each batch size the rows are grouped into batches; each batch's stages are timed on their own (the LLM
+generates all prompts of a batch together). The first batch of each batch size is first run once as a
+warm-up, timed apart and excluded from the totals. Writes every WAV to LOG_DIR/<backend>_bs<N>/<id>.wav,
+LOG_DIR/offline_<backend>.json and LOG_DIR/offline_<backend>.md, and prints the table.
+
+--realistic-lengths makes every row generate exactly 50 tokens per second of its target text's expected
+duration (for synthetic checkpoints, which never emit their end token); otherwise --max-new-tokens caps
+generation and the end token stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tritontts.bench.dataset import DatasetError, load_utterances
+from tritontts.bench.offline import (
+    BACKENDS,
+    TRTLLM_MISSING,
+    BackendUnavailable,
+    OfflineSettings,
+    markdown_table,
+    run_offline,
+    trtllm_available,
+    write_outputs,
+)
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"batch sizes must be comma-separated integers, got {text!r}"
+        ) from err
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--model-dir", required=True, help="Spark-TTS checkpoint (config.yaml, BiCodec/, LLM/, ...)"
+    )
+    p.add_argument(
+        "--huggingface-dataset",
+        default="yuekai/seed_tts",
+        help="hub name, save_to_disk dir, parquet file or dir, or manifest",
+    )
+    p.add_argument("--split-name", default="wenetspeech4tts", help="dataset split")
+    p.add_argument("--backend", choices=BACKENDS, default="torch", help="LLM backend")
+    p.add_argument("--batch-sizes", type=batch_sizes, default=(1, 2, 4, 8, 16), help="e.g. 1,2,4,8,16")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument(
+        "--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="LLM dtype (codec: float32)"
+    )
+    p.add_argument("--log-dir", default="exp/offline", help="where the WAVs, JSON and table go")
+    p.add_argument("--compile", action="store_true", help="torch.compile the LLM's decode step (torch, hf)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=1500, help="generation cap without --realistic-lengths"
+    )
+    p.add_argument(
+        "--realistic-lengths",
+        action="store_true",
+        help="generate exactly 50 tokens per expected second of each target text",
+    )
+    p.add_argument("--limit-rows", type=int, default=None, help="use only the first N rows")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument(
+        "--max-seq-len", type=int, default=None, help="torch engine KV length (default: fit the longest row)"
+    )
+    p.add_argument("--engine-dir", default=None, help="trtllm: the TensorRT-LLM engine directory")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_parser().parse_args(argv)
+    if args.backend == "trtllm" and not trtllm_available():
+        print(f"error: {TRTLLM_MISSING}", file=sys.stderr)
+        return 2
+    settings = OfflineSettings(
+        model_dir=Path(args.model_dir),
+        backend=args.backend,
+        batch_sizes=args.batch_sizes,
+        device=args.device,
+        dtype=args.dtype,
+        compile=args.compile,
+        max_new_tokens=args.max_new_tokens,
+        realistic_lengths=args.realistic_lengths,
+        seed=args.seed,
+        max_seq_len=args.max_seq_len,
+        engine_dir=Path(args.engine_dir) if args.engine_dir else None,
+    )
+    try:
+        rows = load_utterances(args.huggingface_dataset, args.split_name)
+        if args.limit_rows is not None:
+            rows = rows[: args.limit_rows]
+        report = run_offline(settings, rows, Path(args.log_dir))
+    except BackendUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (DatasetError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    paths = write_outputs(report, Path(args.log_dir))
+    print(markdown_table(report), end="")
+    print(f"wrote {paths['json']} and {paths['markdown']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
