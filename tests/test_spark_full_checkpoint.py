@@ -24,3 +24,10 @@ def test_full_checkpoint_loads_and_tokenizes(spark_full_dir):
     assert voice.global_tokens.shape == (32,) and voice.semantic_tokens.shape == (49,)
     (audio,) = codec.detokenize([voice.global_tokens], [voice.semantic_tokens])
     assert audio.shape == (49 * 320,) and np.all(np.isfinite(audio))
+
+
+def test_full_llm_loads_strictly_into_the_engine(spark_full_dir, capsys):
+    from tritontts.llm.check import main
+
+    assert main(["--model_dir", str(spark_full_dir / "LLM")]) == 0
+    assert "24 layers, hidden 896, vocab 166000" in capsys.readouterr().out
