@@ -261,3 +261,85 @@ def test_sampling_follows_the_distribution_and_is_batch_invariant():
     assert torch.equal(sample(logits[:1], batch(1, 17), vocab), tokens[17:18])
     noise = uniform_noise(torch.tensor([1, 2]), torch.tensor([0, 0]), torch.arange(100000).repeat(2, 1))
     assert 0 < noise.min() and noise.max() < 1 and abs(noise.mean() - 0.5) < 0.01
+
+
+MIXED = [[(7 * i + 3 * n) % VOCAB for i in range(n)] for n in (4, 40, 6, 45, 3, 2)]
+
+
+def test_batched_prefill_equals_prefilling_each_alone(model):
+    from tritontts.llm.kv_cache import KVCache
+
+    model.init_rope(96)
+    prompts = [MIXED[0], MIXED[1], MIXED[4], MIXED[3]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    lengths = torch.tensor([len(p) for p in prompts])
+    batched = KVCache(model.config, len(prompts) + 1, 96, torch.device("cpu"), torch.float32)
+    single = KVCache(model.config, len(prompts) + 1, 96, torch.device("cpu"), torch.float32)
+    for buffer in (*batched.k, *batched.v):
+        buffer.fill_(7.0)
+    with torch.inference_mode():
+        positions = torch.arange(width).expand(len(prompts), width)
+        logits = model(ids, positions, batched.k, batched.v, slice(1, 5), kv_len=width, lengths=lengths)
+        for row, prompt in enumerate(prompts):
+            alone_logits = model(
+                torch.tensor([prompt]),
+                torch.arange(len(prompt)).unsqueeze(0),
+                single.k,
+                single.v,
+                slice(row + 1, row + 2),
+                kv_len=len(prompt),
+            )
+            assert (logits[row] - alone_logits[0]).abs().max() <= 1e-4, row
+            for ours, reference in zip((*batched.k, *batched.v), (*single.k, *single.v)):
+                real = len(prompt)
+                assert (ours[row + 1, :, :real] - reference[row + 1, :, :real]).abs().max() <= 1e-4
+                assert torch.all(ours[row + 1, :, real:] == 7.0), "padding wrote the cache"
+    assert torch.all(batched.k[0][0] == 7.0), "a slot outside the batch was written"
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_batched_prefill_of_very_different_lengths_equals_one_at_a_time(model, params):
+    assert max(map(len, MIXED)) >= 10 * min(map(len, MIXED))
+    batched = make_engine(model, max_batch_size=6).generate(MIXED, params)
+    assert batched == [alone(model, p, params) for p in MIXED]
+    smaller = make_engine(model, max_batch_size=4).generate(MIXED, params)  # admitted in two prefills
+    assert smaller == batched
+
+
+def test_max_prefill_tokens_splits_the_prefill_with_the_same_tokens(model):
+    from tritontts.llm.runner import prefill_chunks
+
+    lengths = [len(p) for p in MIXED]
+    assert prefill_chunks(lengths, 8192) == [6]
+    assert prefill_chunks(lengths, 90) == [2, 4, 6]
+    assert prefill_chunks(lengths, 50) == [1, 2, 3, 4, 6]
+    assert prefill_chunks([5, 5, 5], 1) == [1, 2, 3]
+    split = make_engine(model, max_batch_size=6, max_prefill_tokens=90).generate(MIXED, SAMPLED)
+    assert split == make_engine(model, max_batch_size=6).generate(MIXED, SAMPLED)
+
+
+def test_requests_finishing_at_prefill_and_joining_mid_run_in_a_batch(model):
+    engine = make_engine(model)
+    outputs, finals = {}, {}
+
+    def collect(event):
+        outputs.setdefault(event.request_id, []).extend(event.token_ids)
+        if event.finished:
+            finals[event.request_id] = event.finish_reason
+
+    one = SamplingParams(max_tokens=1, temperature=0)
+    first = engine.add_request(MIXED[1], SAMPLED, collect)
+    engine.step()
+    engine.step()
+    joined = [(MIXED[0], one), (MIXED[3], GREEDY), (MIXED[2], one), (MIXED[4], SAMPLED), (MIXED[5], GREEDY)]
+    ids = [engine.add_request(p, params, collect) for p, params in joined]
+    cancelled = engine.add_request(MIXED[2], GREEDY, collect)
+    engine.cancel(cancelled)
+    while engine.has_work():
+        engine.step()
+    assert outputs[first] == alone(model, MIXED[1], SAMPLED)
+    for request_id, (prompt, params) in zip(ids, joined):
+        assert outputs[request_id] == alone(model, prompt, params), request_id
+    assert finals[ids[0]] == FinishReason.MAX_TOKENS and len(outputs[ids[0]]) == 1
+    assert finals[cancelled] == FinishReason.CANCELLED and outputs[cancelled] == []

@@ -1,8 +1,9 @@
 """The engine: requests in from any thread, one step at a time on one thread, tokens streamed back.
 
-`step()` runs cancellations, prefills of waiting requests into free slots, then one decode step for all
-running requests (in-flight batching: requests join and leave between steps). `start()` runs steps on a
-background thread whenever there is work; `generate()` is a synchronous helper on top of either mode.
+`step()` runs cancellations, one batched prefill of the waiting requests that fit into free slots (again
+when some finished at their first token), then one decode step for all running requests (in-flight
+batching: requests join and leave between steps). `start()` runs steps on a background thread whenever
+there is work; `generate()` is a synchronous helper on top of either mode.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class LLMEngine:
         cuda_graphs: bool = True,
         compile: bool = False,
         max_top_k: int = 1024,
+        max_prefill_tokens: int = 8192,
     ) -> LLMEngine:
         model = load_pretrained(model_dir, device, dtype)
         return cls.from_model(
@@ -63,6 +65,7 @@ class LLMEngine:
             cuda_graphs=cuda_graphs,
             compile=compile,
             max_top_k=max_top_k,
+            max_prefill_tokens=max_prefill_tokens,
         )
 
     def add_request(
@@ -124,9 +127,14 @@ class LLMEngine:
         for seq in cancelled:
             seq.finish_reason = FinishReason.CANCELLED
         finished += self._retire({seq: [] for seq in cancelled})
-        while (seq := self.scheduler.admit()) is not None:
-            token = self.runner.prefill(seq.slot, seq.prompt_ids, seq.params, seq.seed)
-            finished += self._retire(self._deliver([seq], [int(token)]))
+        while admitted := list(iter(self.scheduler.admit, None)):
+            tokens = self.runner.prefill_batch(
+                admitted[0].slot,
+                [s.prompt_ids for s in admitted],
+                [s.params for s in admitted],
+                [s.seed for s in admitted],
+            )
+            finished += self._retire(self._deliver(admitted, tokens.tolist()))
         running = self.scheduler.running
         if running:
             tokens = self.runner.decode(len(running)).tolist()

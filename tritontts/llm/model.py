@@ -4,6 +4,9 @@ One forward serves prefill and decode: tokens `[B, L]` of the B consecutive cach
 [B, L]` write their keys and values into each layer's `[slots, kv_heads, max_seq_len, head_dim]` buffers
 and attend to the first `kv_len` cached positions that are not after their own. Writes index the whole
 buffer (never a sliced view of it), so that torch.compile updates the cache in place.
+
+A batched prefill right-pads its prompts and passes their `lengths [B]`: padding neither writes the cache
+nor is attended to, and the logits are those of each row's last real position.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         slots: slice,
         kv_len: int,
+        real: torch.Tensor | None,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         groups = self.heads // self.kv_heads
@@ -84,6 +88,9 @@ class Attention(nn.Module):
         k = apply_rope(k.view(batch, length, self.kv_heads, self.head_dim), cos, sin)
         v = v.view(batch, length, self.kv_heads, self.head_dim)
         rows = torch.arange(slots.start, slots.stop, device=x.device).unsqueeze(1)
+        if real is not None:  # padding rewrites what the cache already holds
+            k = torch.where(real, k, k_cache[rows, :, positions])
+            v = torch.where(real, v, v_cache[rows, :, positions])
         k_cache[rows, :, positions] = k
         v_cache[rows, :, positions] = v
         # Grouped-query attention without copying the cache: the query heads that share a KV head become
@@ -161,16 +168,27 @@ class Qwen2ForCausalLM(nn.Module):
         slots: slice,
         kv_len: int,
         last_only: bool = True,
+        lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """fp32 logits `[B, V]` of the last position (or `[B, L, V]` of all) for `input_ids [B, L]`."""
+        """fp32 logits `[B, V]` of the last position (or `[B, L, V]` of all) for `input_ids [B, L]`.
+
+        With `lengths [B]` (right padding), the last position of row b is `lengths[b] - 1`.
+        """
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(2)
         sin = self.rope_sin[positions].to(x.dtype).unsqueeze(2)
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        visible = torch.arange(kv_len, device=x.device) <= positions.unsqueeze(-1)
+        keys = torch.arange(kv_len, device=x.device)
+        visible = keys <= positions.unsqueeze(-1)
+        real = None
+        if lengths is not None:
+            visible = visible & (keys < lengths.view(-1, 1, 1))
+            real = (torch.arange(input_ids.shape[1], device=x.device) < lengths.unsqueeze(1)).view(
+                *input_ids.shape, 1, 1
+            )
         mask = visible.unsqueeze(1).unsqueeze(1).expand(-1, -1, groups, -1, -1).flatten(2, 3)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, positions, mask, k_caches[i], v_caches[i], slots, kv_len)
+            x = layer(x, cos, sin, positions, mask, k_caches[i], v_caches[i], slots, kv_len, real)
         if last_only:
-            x = x[:, -1]
+            x = x[:, -1] if lengths is None else x[torch.arange(x.shape[0], device=x.device), lengths - 1]
         return F.linear(self.model.norm(x), self.lm_weight()).float()

@@ -1,4 +1,7 @@
-"""Tensors on the device: prefill one request into a slot, decode slots [0, n) in one step, CUDA graphs.
+"""Tensors on the device: prefill requests into consecutive slots, decode slots [0, n) at once, CUDA graphs.
+
+Prefill right-pads the prompts admitted together into one forward (several when their padded size passes
+`max_prefill_tokens`); it runs eagerly, as its shapes vary.
 
 A decode step reads and advances only device buffers (KV cache and `SlotState`), so the same function runs
 eagerly, under `torch.compile`, or replayed from a CUDA graph captured for each batch-size bucket.
@@ -7,6 +10,7 @@ eagerly, under `torch.compile`, or replayed from a CUDA graph captured for each 
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import torch
 
@@ -15,6 +19,18 @@ from tritontts.llm.model import Qwen2ForCausalLM
 from tritontts.llm.sampling import sample
 from tritontts.llm.sequence import SamplingParams
 from tritontts.llm.slot_state import SlotState
+
+
+def prefill_chunks(lengths: list[int], max_tokens: int) -> list[int]:
+    """Ends of consecutive runs of prompts whose right-padded size (count * longest) stays within
+    `max_tokens`; a longer prompt runs alone."""
+    ends, count, longest = [], 0, 0
+    for i, length in enumerate(lengths):
+        if count and (count + 1) * max(longest, length) > max_tokens:
+            ends.append(i)
+            count, longest = 0, 0
+        count, longest = count + 1, max(longest, length)
+    return [*ends, len(lengths)]
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -33,6 +49,7 @@ class ModelRunner:
         compile: bool = False,
         max_top_k: int = 1024,
         graph_batch_sizes: list[int] | None = None,
+        max_prefill_tokens: int = 8192,
     ):
         self.model = model
         self.device = model.model.embed_tokens.weight.device
@@ -40,6 +57,7 @@ class ModelRunner:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.max_top_k = max_top_k
+        self.max_prefill_tokens = max_prefill_tokens
         config = model.config
         model.init_rope(max_seq_len)
         self.rope_tables = (model.rope_cos, model.rope_sin)  # what this runner's CUDA graphs read stays alive
@@ -61,17 +79,39 @@ class ModelRunner:
         if cuda_graphs and self.device.type == "cuda":
             self._capture_graphs()
 
-    @torch.inference_mode()
     def prefill(self, slot: int, prompt_ids: list[int], params: SamplingParams, seed: int) -> torch.Tensor:
         """Fill `slot`'s cache with the prompt and sample the first token; returns it as a 1-element tensor."""
-        ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
-        positions = torch.arange(len(prompt_ids), device=self.device).unsqueeze(0)
-        self.state.assign(slot, params, seed, ids[0])
-        cache = self.cache
-        logits = self.model(ids, positions, cache.k, cache.v, slice(slot, slot + 1), kv_len=len(prompt_ids))
-        token = sample(logits, self.state.rows(slot, slot + 1), self.max_top_k)
-        self.state.start_decoding(slot, token, len(prompt_ids))
-        return token
+        return self.prefill_batch(slot, [prompt_ids], [params], [seed])
+
+    @torch.inference_mode()
+    def prefill_batch(
+        self, first_slot: int, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int]
+    ) -> torch.Tensor:
+        """Prefill prompt i into slot `first_slot + i`, sample its first token; return the `[B]` tokens."""
+        tokens, start = [], 0
+        for stop in prefill_chunks([len(p) for p in prompts], self.max_prefill_tokens):
+            run = slice(start, stop)
+            tokens.append(self._prefill_chunk(first_slot + start, prompts[run], params[run], seeds[run]))
+            start = stop
+        return torch.cat(tokens)
+
+    def _prefill_chunk(
+        self, first_slot: int, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int]
+    ) -> torch.Tensor:
+        batch, width = len(prompts), max(map(len, prompts))
+        padded = [p + [0] * (width - len(p)) for p in prompts]
+        host = torch.tensor([*itertools.chain.from_iterable(padded), *map(len, prompts)], dtype=torch.int64)
+        ids, lengths = host.to(self.device).split([batch * width, batch])
+        ids = ids.view(batch, width)
+        for row, prompt in enumerate(prompts):
+            self.state.assign(first_slot + row, params[row], seeds[row], ids[row, : len(prompt)])
+        positions = torch.arange(width, device=self.device).expand(batch, width)
+        slots = slice(first_slot, first_slot + batch)
+        logits = self.model(ids, positions, self.cache.k, self.cache.v, slots, kv_len=width, lengths=lengths)
+        tokens = sample(logits, self.state.rows(slots.start, slots.stop), self.max_top_k)
+        for row, prompt in enumerate(prompts):
+            self.state.start_decoding(first_slot + row, tokens[row : row + 1], len(prompt))
+        return tokens
 
     @torch.inference_mode()
     def decode(self, n: int) -> torch.Tensor:
