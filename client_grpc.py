@@ -29,6 +29,7 @@ import soundfile
 
 from tritontts.bench import triton_io
 from tritontts.bench.dataset import DatasetError, Utterance, load_manifest, load_utterances
+from tritontts.bench.durations import expected_tokens
 from tritontts.bench.report import markdown_table, write_report
 from tritontts.bench.stats import BenchmarkRun, RequestRecord
 from tritontts.streaming import crossfade_concat
@@ -67,6 +68,12 @@ def get_parser() -> argparse.ArgumentParser:
         "--chunk-overlap-duration", type=float, default=0.1, help="seconds consecutive chunks overlap"
     )
     p.add_argument("--sample-rate", type=int, default=None, help="output sample rate; default by model name")
+    p.add_argument(
+        "--realistic-lengths",
+        action="store_true",
+        help="ask for exactly 50 tokens per second of each target text's expected duration (request parameters "
+        "min_new_tokens/max_new_tokens): for checkpoints that never stop by themselves, such as synthetic ones",
+    )
     p.add_argument(
         "--padding-duration",
         type=float,
@@ -122,6 +129,12 @@ class Requester:
     def close(self) -> None:
         self.client.close()
 
+    def _parameters(self, utt: Utterance) -> dict | None:
+        if not self.args.realistic_lengths:
+            return None
+        tokens = expected_tokens(utt.target_text)
+        return {"min_new_tokens": tokens, "max_new_tokens": tokens}
+
     def _inputs(self, utt: Utterance) -> list:
         samples = triton_io.reference_samples(utt.prompt_audio, utt.sample_rate)
         arrays = triton_io.request_arrays(samples, utt.prompt_text, utt.target_text, self.padding)
@@ -136,6 +149,7 @@ class Requester:
             outputs=outputs,
             request_id=uuid.uuid4().hex,
             client_timeout=self.args.request_timeout,
+            parameters=self._parameters(utt),
         )
         latency = time.perf_counter() - start
         audio = triton_io.waveform(result)
@@ -157,6 +171,7 @@ class Requester:
                 outputs=outputs,
                 request_id=uuid.uuid4().hex,
                 enable_empty_final_response=True,
+                parameters=self._parameters(utt),
             )
             while True:
                 try:

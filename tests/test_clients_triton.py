@@ -128,3 +128,27 @@ def test_mode_that_does_not_match_the_model_is_one_line(server, dataset):
         str(dataset),
     )
     assert_one_clear_line(done)
+
+
+def test_realistic_lengths_ask_for_the_expected_token_count(server, prompt_zh, tmp_path):
+    from tritontts.bench.durations import expected_tokens
+
+    target = "身临其境，换新体验。"
+    assert expected_tokens(target) < MAX_NEW_TOKENS
+    done = grpc_client(
+        server,
+        "--model-name",
+        MODELS["offline"],
+        "--realistic-lengths",
+        "--reference-audio",
+        str(prompt_zh),
+        "--reference-text",
+        "参考。",
+        "--target-text",
+        target,
+        "--log-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    (wav,) = list(tmp_path.rglob("*.wav"))
+    assert soundfile.info(wav).frames == expected_tokens(target) * 320

@@ -61,3 +61,18 @@ def test_bad_requests_name_the_field(change, field, words):
 def test_good_request_passes():
     request = check_request(**GOOD, limits=RequestLimits())
     assert request.reference_wav.dtype == np.float32 and request.target_text == "target"
+
+
+def test_token_budget_parameters():
+    from tritontts.spark.service import TokenBudget, check_token_budget
+
+    assert check_token_budget({}, 1500) is None
+    assert check_token_budget({"max_new_tokens": 40}, 1500) == TokenBudget(0, 40)
+    assert check_token_budget({"min_new_tokens": 40, "max_new_tokens": 40}, 1500) == TokenBudget(40, 40)
+    for bad, field in [
+        ({"max_new_tokens": 2000}, "max_new_tokens"),
+        ({"min_new_tokens": "5"}, "min_new_tokens"),
+        ({"min_new_tokens": 50, "max_new_tokens": 40}, "max_new_tokens"),
+    ]:
+        with pytest.raises(RequestError, match=field):
+            check_token_budget(bad, 1500)

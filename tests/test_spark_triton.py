@@ -207,3 +207,14 @@ def test_upstream_client_call_forms(server, prompt_zh, tmp_path):
     assert grpc.returncode == 0, grpc.stderr
     wavs = list((tmp_path / "log").rglob("*.wav"))
     assert len(wavs) == 1 and soundfile.info(wavs[0]).frames == MAX_NEW_TOKENS * HOP
+
+
+def test_request_parameters_set_the_token_budget(server, reference):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = make_inputs(arrays(reference[:16000]))
+    result = client.infer(
+        "spark_tts_offline", inputs, parameters={"min_new_tokens": 30, "max_new_tokens": 30}
+    )
+    assert result.as_numpy("waveform").size == 30 * HOP
+    with pytest.raises(InferenceServerException, match="max_new_tokens"):
+        client.infer("spark_tts_offline", inputs, parameters={"max_new_tokens": 10**6})

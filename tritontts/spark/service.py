@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +42,19 @@ class VoiceTokens:
 
 
 @dataclass(frozen=True)
+class TokenBudget:
+    """A request's own bounds on generated tokens (the `min_new_tokens` / `max_new_tokens` request parameters)."""
+
+    min_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
 class SparkRequest:
     reference_wav: np.ndarray
     reference_text: str
     target_text: str
+    tokens: TokenBudget | None = None
 
 
 @dataclass(frozen=True)
@@ -78,13 +87,33 @@ def check_reference_wav(wav: np.ndarray, limits: RequestLimits) -> np.ndarray:
         raise RequestError("reference_wav", str(err).removeprefix("reference_wav ")) from err
 
 
+def check_token_budget(parameters: dict, default_max: int) -> TokenBudget | None:
+    """`min_new_tokens` / `max_new_tokens` request parameters (benchmarks force lengths with them)."""
+    if not any(k in parameters for k in ("min_new_tokens", "max_new_tokens")):
+        return None
+    values = {}
+    for key, default in (("min_new_tokens", 0), ("max_new_tokens", default_max)):
+        value = parameters.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= default_max:
+            raise RequestError(key, f"must be an integer in 0..{default_max}, got {value!r}")
+        values[key] = value
+    if values["max_new_tokens"] < max(1, values["min_new_tokens"]):
+        raise RequestError("max_new_tokens", "must be >= 1 and >= min_new_tokens")
+    return TokenBudget(values["min_new_tokens"], values["max_new_tokens"])
+
+
 def check_request(
-    reference_wav: np.ndarray, reference_text: str, target_text: str, limits: RequestLimits
+    reference_wav: np.ndarray,
+    reference_text: str,
+    target_text: str,
+    limits: RequestLimits,
+    tokens: TokenBudget | None = None,
 ) -> SparkRequest:
     return SparkRequest(
         check_reference_wav(reference_wav, limits),
         check_text(reference_text, "reference_text", limits, allow_empty=True),
         check_text(target_text, "target_text", limits),
+        tokens,
     )
 
 
@@ -155,7 +184,12 @@ class SparkTTSService:
     def _generate(self, request: SparkRequest, streaming: bool) -> tuple[VoiceTokens, Iterator[np.ndarray]]:
         voice = self.voice(request.reference_wav)
         prompt = self.prompter.prompt_ids(request.reference_text, request.target_text, voice)
-        return voice, self.generate(prompt, self.sampling, streaming)
+        sampling = self.sampling
+        if request.tokens is not None:
+            sampling = replace(
+                sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
+            )
+        return voice, self.generate(prompt, sampling, streaming)
 
     def synthesize(self, request: SparkRequest) -> np.ndarray:
         voice, stream = self._generate(request, streaming=False)

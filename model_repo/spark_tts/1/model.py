@@ -11,7 +11,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
-from tritontts.spark.service import RequestLimits, SparkPrompter, SparkTTSService, VoiceTokens, check_request
+from tritontts.spark.service import (
+    RequestLimits,
+    SparkPrompter,
+    SparkTTSService,
+    VoiceTokens,
+    check_request,
+    check_token_budget,
+)
 from tritontts.streaming import ChunkSchedule
 from tritontts.triton.bls import call_model, stream_model
 from tritontts.triton.llm_contract import OUTPUT_NAMES, SamplingParams, generated_tokens, llm_request_inputs
@@ -34,13 +41,14 @@ class TritonPythonModel:
             max_text_length=model_param(config, "max_text_length", int, default=1000),
             audio=AudioLimits(max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)),
         )
+        self.max_new_tokens = model_param(config, "max_new_tokens", int, default=1500)
         self.prompter = SparkPrompter(model_param(config, "llm_tokenizer_dir"))
         self.service = SparkTTSService(
             self.prompter,
             self._tokenize_voice,
             self._generate,
             self._vocode,
-            SamplingParams(max_tokens=model_param(config, "max_new_tokens", int, default=1500)),
+            SamplingParams(max_tokens=self.max_new_tokens),
             schedule,
             limits,
             model_param(config, "voice_cache_size", int, default=256),
@@ -91,6 +99,7 @@ class TritonPythonModel:
             string_input(pb_utils, request, "reference_text"),
             string_input(pb_utils, request, "target_text"),
             self.limits,
+            check_token_budget(json.loads(request.parameters() or "{}"), self.max_new_tokens),
         )
 
     def _offline(self, request):
