@@ -147,3 +147,16 @@ def prompt_zh() -> Path:
     if not PROMPT_ZH.exists():
         pytest.skip(f"{PROMPT_ZH} is missing (the shared/ folder beside the repository)")
     return PROMPT_ZH
+
+
+@pytest.fixture(scope="session")
+def bench_data(tmp_path_factory, prompt_zh) -> Path:
+    """A 4-row benchmark dataset (seed_tts schema) written by scripts/make_benchmark_data.py."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("bench_data")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_benchmark_data.py"
+    command = [sys.executable, str(script), "--output-dir", str(out), "--num-rows", "4", "--no-espeak"]
+    subprocess.run([*command, "--prompt-wav", str(prompt_zh)], check=True, capture_output=True)
+    return out

@@ -20,28 +20,6 @@ def server(triton):
     return triton.load("audio_tokenizer", "vocoder", "tensorrt_llm", "tensorrt_llm_offline", *MODELS.values())
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory, prompt_zh) -> Path:
-    out = tmp_path_factory.mktemp("bench_data")
-    subprocess.run(
-        [
-            sys.executable,
-            "scripts/make_benchmark_data.py",
-            "--output-dir",
-            str(out),
-            "--num-rows",
-            "4",
-            "--no-espeak",
-            "--prompt-wav",
-            str(prompt_zh),
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return out
-
-
 def grpc_client(server, *args: str) -> subprocess.CompletedProcess:
     host, port = server.grpc_url.split(":")
     command = [
@@ -58,7 +36,7 @@ def grpc_client(server, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("tasks", [1, 4])
 @pytest.mark.parametrize("mode", ["offline", "streaming"])
-def test_benchmark_summary(server, dataset, tmp_path, mode, tasks):
+def test_benchmark_summary(server, bench_data, tmp_path, mode, tasks):
     done = grpc_client(
         server,
         "--model-name",
@@ -68,7 +46,7 @@ def test_benchmark_summary(server, dataset, tmp_path, mode, tasks):
         "--num-tasks",
         str(tasks),
         "--huggingface-dataset",
-        str(dataset),
+        str(bench_data),
         "--log-dir",
         str(tmp_path),
     )
@@ -112,12 +90,12 @@ def test_http_client_single_utterance(server, prompt_zh, tmp_path):
     assert soundfile.info(tmp_path / "one.wav").frames == MAX_NEW_TOKENS * 320
 
 
-def test_wrong_model_name_is_one_line(server, dataset, tmp_path):
-    done = grpc_client(server, "--model-name", "no_such_model", "--huggingface-dataset", str(dataset))
+def test_wrong_model_name_is_one_line(server, bench_data, tmp_path):
+    done = grpc_client(server, "--model-name", "no_such_model", "--huggingface-dataset", str(bench_data))
     assert_one_clear_line(done, "no_such_model")
 
 
-def test_mode_that_does_not_match_the_model_is_one_line(server, dataset):
+def test_mode_that_does_not_match_the_model_is_one_line(server, bench_data):
     done = grpc_client(
         server,
         "--model-name",
@@ -125,7 +103,7 @@ def test_mode_that_does_not_match_the_model_is_one_line(server, dataset):
         "--mode",
         "streaming",
         "--huggingface-dataset",
-        str(dataset),
+        str(bench_data),
     )
     assert_one_clear_line(done)
 

@@ -34,29 +34,12 @@ def run_sh(*args: str, exp: Path, ports: list[int], timeout: int = 600) -> subpr
 
 
 @pytest.fixture(scope="module")
-def exp(tmp_path_factory, prompt_zh):
-    exp = tmp_path_factory.mktemp("exp")
-    subprocess.run(
-        [
-            sys.executable,
-            "scripts/make_benchmark_data.py",
-            "--output-dir",
-            str(exp / "data"),
-            "--num-rows",
-            "4",
-            "--no-espeak",
-            "--prompt-wav",
-            str(prompt_zh),
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return exp
+def exp(tmp_path_factory):
+    return tmp_path_factory.mktemp("exp")
 
 
 @pytest.mark.parametrize("mode, stages", [("offline", ("0", "5")), ("streaming", ("2", "5"))])
-def test_stages_leave_wavs_and_a_summary(exp, mode, stages):
+def test_stages_leave_wavs_and_a_summary(exp, bench_data, mode, stages):
     ports = free_ports(3)
     options = [
         "--model_source",
@@ -68,7 +51,7 @@ def test_stages_leave_wavs_and_a_summary(exp, mode, stages):
         "--num_tasks",
         "2",
         "--dataset",
-        str(exp / "data"),
+        str(bench_data),
         "--reference_audio",
         str(ROOT.parent / "shared/data/prompt_zh.wav"),
     ]
