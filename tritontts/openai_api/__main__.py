@@ -1,0 +1,89 @@
+"""python -m tritontts.openai_api --triton-url localhost:8001 --voices-dir voices --port 8080 [--api-key KEY]"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tritontts.openai_api.encode import missing_formats
+from tritontts.openai_api.settings import DEFAULT_MODEL_SPEC, Settings, load_model_map, parse_model_spec
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tritontts.openai_api", description=__doc__)
+    p.add_argument("--triton-url", default="localhost:8001", help="Triton's gRPC address host:port")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument(
+        "--voices-dir", default="voices", help="NAME.wav + NAME.txt per voice; uploads go here too"
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME=TRITON_MODEL[,TRITON_MODEL][,sample_rate=HZ]",
+        help=f"API model name and its Triton models, repeatable (default: {DEFAULT_MODEL_SPEC})",
+    )
+    p.add_argument(
+        "--model-map", default=None, help="JSON/YAML file {name: {triton_models: [...], sample_rate: HZ}}"
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TRITONTTS_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $TRITONTTS_API_KEY; none: no auth)",
+    )
+    p.add_argument("--max-input-chars", type=int, default=4096)
+    p.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-upload-bytes", type=int, default=20 << 20)
+    p.add_argument("--max-reference-seconds", type=float, default=30.0)
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one Triton request may take")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    if args.model_map:
+        routes = load_model_map(args.model_map)
+    else:
+        routes = tuple(parse_model_spec(spec) for spec in args.model or [DEFAULT_MODEL_SPEC])
+    return Settings(
+        triton_url=args.triton_url,
+        routes=routes,
+        voices_dir=Path(args.voices_dir),
+        api_key=args.api_key or None,
+        max_input_chars=args.max_input_chars,
+        max_request_bytes=args.max_request_bytes,
+        max_upload_bytes=args.max_upload_bytes,
+        max_reference_seconds=args.max_reference_seconds,
+        request_timeout_s=args.request_timeout,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = get_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from tritontts.openai_api.app import create_app
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if missing_formats():
+        logging.warning(
+            "this libsndfile cannot write: %s (those requests will fail)", ", ".join(missing_formats())
+        )
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The FastAPI app: speech (whole, chunked audio, SSE), voices, models, health; OpenAI-style errors."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import UploadFile
+
+from tritontts.audio import AudioLimits
+from tritontts.openai_api.crossfade import StreamCrossfader
+from tritontts.openai_api.encode import FORMATS, StreamEncoder, encode
+from tritontts.openai_api.errors import ApiError, bad_request, install_error_handlers
+from tritontts.openai_api.limits import BodySizeLimit
+from tritontts.openai_api.settings import Settings
+from tritontts.openai_api.speech import SpeechRequest, check_speech_request
+from tritontts.openai_api.triton_client import Deployment, TritonTTS
+from tritontts.openai_api.voices import VoiceStore
+
+log = logging.getLogger("tritontts.openai_api")
+VOICES_PATH = "/v1/audio/voices"
+
+
+def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
+    triton = triton or TritonTTS(settings.triton_url, settings.request_timeout_s, settings.model_config_ttl_s)
+    voices = VoiceStore(
+        settings.voices_dir, AudioLimits(max_seconds=settings.max_reference_seconds), settings.max_input_chars
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        await triton.close()
+
+    app = FastAPI(title="tritontts OpenAI-compatible speech API", lifespan=lifespan)
+    app.add_middleware(
+        BodySizeLimit,
+        max_request_bytes=settings.max_request_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+        upload_paths=(VOICES_PATH,),
+    )
+    install_error_handlers(app)
+    app.state.settings, app.state.triton, app.state.voices = settings, triton, voices
+
+    def authorized(request: Request) -> None:
+        if not settings.api_key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), settings.api_key.encode()
+        ):
+            raise ApiError(
+                401,
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
+
+    auth = [Depends(authorized)]
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = await triton.server_ready()
+        models = {}
+        for route in settings.routes:
+            try:
+                deployed = await triton.deployment(route) if ready else None
+            except ApiError:
+                deployed = None
+            models[route.name] = {
+                "ready": deployed is not None,
+                "streaming_model": deployed and deployed.streaming_model,
+                "offline_model": deployed and deployed.offline_model,
+                "sample_rate": route.sample_rate,
+            }
+        ok = ready and all(m["ready"] for m in models.values())
+        body = {
+            "status": "ok" if ok else "unavailable",
+            "triton": {"url": settings.triton_url, "ready": ready},
+            "models": models,
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def list_models() -> dict:
+        data = [{"id": r.name, "object": "model", "owned_by": "tritontts"} for r in settings.routes]
+        return {"object": "list", "data": data}
+
+    @app.get(VOICES_PATH, dependencies=auth)
+    async def list_voices() -> dict:
+        return {"object": "list", "data": [v.description() for v in await run_in_threadpool(voices.all)]}
+
+    @app.post(VOICES_PATH, dependencies=auth, status_code=201)
+    async def add_voice(request: Request) -> dict:
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise bad_request(
+                "send the voice as multipart/form-data (name, transcript, audio_sample)",
+                code="invalid_content_type",
+            )
+        form = await request.form()
+        audio = form.get("audio_sample") or form.get("audio")
+        if not isinstance(audio, UploadFile):
+            raise bad_request(
+                "audio_sample (a WAV/FLAC/OGG/MP3 file part) is required",
+                "audio_sample",
+                "missing_required_parameter",
+            )
+        name, transcript = form.get("name"), form.get("transcript", form.get("text"))
+        if not isinstance(name, str):
+            raise bad_request("name is required", "name", "missing_required_parameter")
+        if not isinstance(transcript, str):
+            raise bad_request("transcript is required", "transcript", "missing_required_parameter")
+        voice = await run_in_threadpool(voices.add, name, await audio.read(), transcript)
+        description = voice.description()
+        log.info("voice '%s' added (%.2f s)", name, description["duration"])
+        return description
+
+    @app.post("/v1/audio/speech", dependencies=auth)
+    async def speech(body: SpeechRequest) -> Response:
+        route = check_speech_request(body, settings)
+        voice = await run_in_threadpool(voices.get, body.voice_name)
+        deployment = await triton.deployment(route)
+        if body.stream_format is None:
+            audio = await triton.synthesize(deployment, voice, body.input)
+            content = await run_in_threadpool(encode, audio, route.sample_rate, body.response_format)
+            return Response(content, media_type=FORMATS[body.response_format].media_type)
+        chunks = triton.stream(deployment, voice, body.input)
+        try:
+            first = await anext(chunks)  # request errors arrive before any audio: they get their own status
+        except StopAsyncIteration:
+            first = np.zeros(0, dtype=np.float32)
+        audio = _encoded_stream(first, chunks, deployment, body.response_format)
+        if body.stream_format == "sse":
+            return StreamingResponse(
+                _sse(audio, body.input, route.sample_rate), media_type="text/event-stream"
+            )
+        return StreamingResponse(_bytes(audio), media_type=FORMATS[body.response_format].media_type)
+
+    return app
+
+
+async def _encoded_stream(
+    first: np.ndarray, chunks: AsyncIterator[np.ndarray], deployment: Deployment, format_name: str
+) -> AsyncIterator[tuple[bytes, int]]:
+    """(encoded bytes, samples) per Triton chunk, cross-faded, then the rest at the end."""
+    crossfader = StreamCrossfader(deployment.overlap_samples)
+    encoder = StreamEncoder(format_name, deployment.route.sample_rate)
+    try:
+        samples = crossfader.push(first)
+        yield encoder.push(samples), samples.size
+        async for chunk in chunks:
+            samples = crossfader.push(chunk)
+            yield encoder.push(samples), samples.size
+        samples = crossfader.finish()
+        yield encoder.push(samples) + encoder.finish(), samples.size
+    finally:
+        await chunks.aclose()
+
+
+async def _bytes(audio: AsyncIterator[tuple[bytes, int]]) -> AsyncIterator[bytes]:
+    try:
+        async for data, _ in audio:
+            if data:
+                yield data
+    except ApiError as err:  # headers are gone: the stream ends early, the log says why
+        log.warning("audio stream ended by an error: %s", err.message)
+
+
+def _event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+async def _sse(audio: AsyncIterator[tuple[bytes, int]], text: str, sample_rate: int) -> AsyncIterator[bytes]:
+    total = 0
+    try:
+        async for data, samples in audio:
+            total += samples
+            if data:
+                yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    except ApiError as err:
+        yield _event({"type": "error", **err.body()})
+        return
+    usage = {"input_tokens": len(text), "output_tokens": 0, "total_tokens": len(text)}
+    yield _event(
+        {"type": "speech.audio.done", "usage": usage, "audio_seconds": round(total / sample_rate, 3)}
+    )

@@ -1,0 +1,181 @@
+"""Calls into Triton over gRPC (asyncio): one request, or one decoupled stream, per speech request.
+
+Which of a route's Triton models streams is read from its config (decoupled or not) and kept a few seconds.
+Non-streaming requests use the non-decoupled model, or collect the decoupled model's stream when only that one
+is deployed; streaming requests need a decoupled model. The decoupled model's chunks overlap by its
+`audio_chunk_overlap_duration` parameter and are cross-faded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.utils import InferenceServerException
+
+from tritontts.bench import triton_io
+from tritontts.openai_api.crossfade import StreamCrossfader
+from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, unavailable
+from tritontts.openai_api.settings import ModelRoute
+from tritontts.openai_api.voices import Voice
+
+REQUEST_FIELDS = {
+    "target_text": "input",
+    "reference_text": "voice",
+    "reference_wav": "voice",
+    "reference_wav_len": "voice",
+}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a route has on the server now."""
+
+    route: ModelRoute
+    streaming_model: str | None
+    offline_model: str | None
+    overlap_samples: int = 0
+
+
+@dataclass(frozen=True)
+class _ModelInfo:
+    decoupled: bool
+    overlap_seconds: float
+    checked_at: float
+
+
+def triton_error(error: InferenceServerException) -> ApiError:
+    """A Triton error as the API's: the BLS's request checks (INVALID_ARGUMENT, or a stream error naming an
+    input) are the caller's 400; an unreachable server or missing model 503; anything else 500."""
+    message = error.message() or str(error)
+    status = str(error.status() or "")
+    field = message.split(":", 1)[0].strip()
+    if "INVALID_ARGUMENT" in status or (not status and field in REQUEST_FIELDS):
+        return bad_request(
+            f"Triton rejected the request: {message}", REQUEST_FIELDS.get(field), "triton_invalid_argument"
+        )
+    if any(s in status for s in ("UNAVAILABLE", "NOT_FOUND", "DEADLINE_EXCEEDED", "CANCELLED")):
+        return unavailable(f"Triton is not available: {message}")
+    return ApiError(500, f"Triton failed: {message}", code="triton_error", type=SERVER_ERROR)
+
+
+class TritonTTS:
+    def __init__(self, url: str, request_timeout_s: float = 600.0, config_ttl_s: float = 5.0) -> None:
+        self.url = url
+        self.request_timeout_s = request_timeout_s
+        self.config_ttl_s = config_ttl_s
+        self._client: grpc_aio.InferenceServerClient | None = None
+        self._models: dict[str, _ModelInfo | None] = {}
+
+    @property
+    def client(self) -> grpc_aio.InferenceServerClient:
+        if self._client is None:  # created inside the running event loop
+            self._client = grpc_aio.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def server_ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready(client_timeout=5.0))
+        except InferenceServerException:
+            return False
+
+    async def _model(self, name: str) -> _ModelInfo | None:
+        known = self._models.get(name)
+        if known is not None and time.monotonic() - known.checked_at < self.config_ttl_s:
+            return known
+        try:
+            if not await self.client.is_model_ready(name, client_timeout=5.0):
+                self._models[name] = None
+                return None
+            config = (await self.client.get_model_config(name, as_json=True, client_timeout=5.0))["config"]
+        except InferenceServerException as err:
+            if "UNAVAILABLE" in str(err.status()) or "DEADLINE" in str(err.status()):
+                raise unavailable(f"cannot reach Triton at {self.url}: {err.message()}") from None
+            self._models[name] = None
+            return None
+        overlap = (config.get("parameters", {}).get("audio_chunk_overlap_duration") or {}).get(
+            "string_value", "0"
+        )
+        info = _ModelInfo(triton_io.is_decoupled(config), float(overlap or 0), time.monotonic())
+        self._models[name] = info
+        return info
+
+    async def deployment(self, route: ModelRoute) -> Deployment:
+        """The route's ready models by role; 503 when none of them is ready."""
+        infos = await asyncio.gather(*(self._model(name) for name in route.triton_models))
+        streaming = next((n for n, i in zip(route.triton_models, infos) if i and i.decoupled), None)
+        offline = next((n for n, i in zip(route.triton_models, infos) if i and not i.decoupled), None)
+        if streaming is None and offline is None:
+            raise unavailable(f"none of {', '.join(route.triton_models)} is ready on Triton at {self.url}")
+        overlap = 0
+        if streaming is not None:
+            info = infos[route.triton_models.index(streaming)]
+            overlap = int(round(info.overlap_seconds * route.sample_rate))
+        return Deployment(route, streaming, offline, overlap)
+
+    def _request(self, model: str, voice: Voice, text: str) -> dict:
+        arrays = triton_io.request_arrays(voice.samples, voice.transcript, text)
+        return {
+            "model_name": model,
+            "inputs": triton_io.infer_inputs(grpcclient, arrays),
+            "outputs": triton_io.requested_outputs(grpcclient),
+            "request_id": uuid.uuid4().hex,
+        }
+
+    async def synthesize(self, deployment: Deployment, voice: Voice, text: str) -> np.ndarray:
+        """The whole utterance: the offline model, else the decoupled model's stream joined."""
+        if deployment.offline_model is None:
+            crossfader = StreamCrossfader(deployment.overlap_samples)
+            pieces = [crossfader.push(chunk) async for chunk in self.stream(deployment, voice, text)]
+            return np.concatenate([*pieces, crossfader.finish()])
+        request = self._request(deployment.offline_model, voice, text)
+        try:
+            result = await self.client.infer(**request, client_timeout=self.request_timeout_s)
+        except InferenceServerException as err:
+            raise triton_error(err) from None
+        return triton_io.waveform(result)
+
+    async def stream(self, deployment: Deployment, voice: Voice, text: str) -> AsyncIterator[np.ndarray]:
+        """The decoupled model's chunks as they come (overlapping; see StreamCrossfader). Closing the
+        iterator early cancels the Triton request."""
+        if deployment.streaming_model is None:
+            raise bad_request(
+                f"model '{deployment.route.name}' has no streaming (decoupled) model on Triton; "
+                "leave stream_format out for the whole file",
+                "stream_format",
+                "streaming_unavailable",
+            )
+        request = self._request(deployment.streaming_model, voice, text)
+
+        async def one_request():
+            yield request
+
+        try:
+            responses = self.client.stream_infer(one_request(), stream_timeout=self.request_timeout_s)
+        except InferenceServerException as err:
+            raise triton_error(err) from None
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise triton_error(error)
+                chunk = triton_io.waveform(result)
+                if chunk.size:
+                    yield chunk
+        except InferenceServerException as err:
+            raise triton_error(err) from None
+        except grpc.RpcError as err:
+            raise triton_error(InferenceServerException(err.details(), str(err.code()))) from None
+        finally:
+            responses.cancel()
