@@ -1,0 +1,246 @@
+"""CosyVoice2 token2wav: the flow (speech tokens → mel) then HiFT (mel → 24 kHz audio), offline or streamed.
+
+Streaming follows upstream's Triton `token2wav` model: each call runs the flow over every target token so far
+(the last `pre_lookahead_len` of them only as look-ahead unless `finalize`), keeps the mel from
+`token_offset * token_mel_ratio` on, prepends the previous call's last 8 mel frames, vocodes with the
+previous source over those frames, cross-fades the first 8 frames of audio with the previous call's tail
+(a Hamming window of 2 * 3840 samples), and withholds its own last 8 frames of audio until the next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift
+
+MEL_CACHE_FRAMES = 8
+TOKEN_MEL_RATIO = 2
+CONFIG_FILE = "cosyvoice2.yaml"
+
+
+class FlowModel(Protocol):
+    def inference(
+        self,
+        token: Tensor,
+        token_len: Tensor,
+        prompt_token: Tensor,
+        prompt_token_len: Tensor,
+        prompt_feat: Tensor,
+        prompt_feat_len: Tensor,
+        embedding: Tensor,
+        streaming: bool,
+        finalize: bool,
+    ) -> Tensor: ...
+
+
+def align_prompt(prompt_tokens: Tensor, prompt_feat: Tensor) -> tuple[Tensor, Tensor]:
+    """Cut prompt tokens `[1, n]` and prompt mel `[1, T, 80]` to `m = min(T // 2, n)` tokens and `2 m` frames."""
+    count = min(prompt_feat.shape[1] // TOKEN_MEL_RATIO, prompt_tokens.shape[1])
+    return prompt_tokens[:, :count], prompt_feat[:, : TOKEN_MEL_RATIO * count]
+
+
+def fade_in_out(fade_in: Tensor, fade_out: Tensor, window: Tensor) -> Tensor:
+    """Blend the first half-window of `fade_in` with the last half-window of `fade_out` (float64, as upstream)."""
+    overlap = window.shape[0] // 2
+    blended = (
+        fade_in[..., :overlap].double() * window[:overlap]
+        + fade_out[..., -overlap:].double() * window[overlap:]
+    )
+    out = fade_in.clone()
+    out[..., :overlap] = blended.to(out.dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    token_end: int
+    """Call token2wav with the first `token_end` target tokens."""
+    token_offset: int
+    finalize: bool
+
+
+@dataclass(frozen=True)
+class StreamSchedule:
+    """When a BLS calls token2wav: once `token_offset + hop + pre_lookahead_len` target tokens exist.
+
+    The hop is `token_hop_len` for every chunk, or with `exponential` (upstream's BLS default strategy)
+    `token_hop_len` for the first chunk and `token_frame_rate * 2 ** (k - 1)` for chunk k >= 1: 15, 25, 50, 100...
+    """
+
+    token_hop_len: int = 15
+    pre_lookahead_len: int = 3
+    exponential: bool = False
+    token_frame_rate: int = 25
+
+    def hop_len(self, chunk_index: int) -> int:
+        if not self.exponential or chunk_index == 0:
+            return self.token_hop_len
+        return self.token_frame_rate * 2 ** (chunk_index - 1)
+
+    def next_boundary(self, token_offset: int, chunk_index: int) -> int:
+        """Target tokens needed before chunk `chunk_index` (starting at `token_offset`) can be vocoded."""
+        return token_offset + self.hop_len(chunk_index) + self.pre_lookahead_len
+
+    def plan(self, num_tokens: int) -> list[StreamChunk]:
+        """The calls for `num_tokens` target tokens once all have arrived: full chunks, then one finalize."""
+        chunks, offset, index = [], 0, 0
+        while num_tokens >= self.next_boundary(offset, index):
+            chunks.append(StreamChunk(self.next_boundary(offset, index), offset, finalize=False))
+            offset += self.hop_len(index)
+            index += 1
+        chunks.append(StreamChunk(num_tokens, offset, finalize=True))
+        return chunks
+
+
+@dataclass
+class _StreamState:
+    generator: torch.Generator | None
+    mel: Tensor | None = None
+    """The last `MEL_CACHE_FRAMES` mel frames fed to HiFT."""
+    source: Tensor | None = None
+    """HiFT's source over those frames."""
+    speech: Tensor | None = None
+    """Audio over those frames, withheld until the next call."""
+
+
+class Token2Wav:
+    """Owns a flow and a HiFT; batch 1, as upstream. `seed` makes the vocoder noise reproducible (None: torch's
+    global RNG, as upstream): each offline call and each stream starts a generator from it."""
+
+    def __init__(
+        self,
+        flow: FlowModel,
+        hift: HiFT,
+        token_mel_ratio: int = TOKEN_MEL_RATIO,
+        device: str | torch.device = "cpu",
+        flow_dtype: torch.dtype = torch.float32,
+        seed: int | None = 0,
+        mel_cache_frames: int = MEL_CACHE_FRAMES,
+    ) -> None:
+        self.flow = flow
+        self.hift = hift
+        self.token_mel_ratio = token_mel_ratio
+        self.device = torch.device(device)
+        self.flow_dtype = flow_dtype
+        self.seed = seed
+        self.mel_cache_frames = mel_cache_frames
+        self.source_cache_len = mel_cache_frames * hift.config.samples_per_frame
+        self.speech_window = torch.hamming_window(
+            2 * self.source_cache_len, periodic=False, dtype=torch.float64
+        )
+        self.speech_window = self.speech_window.to(self.device)
+        self._streams: dict[str, _StreamState] = {}
+
+    @classmethod
+    def from_model_dir(
+        cls,
+        model_dir: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = 0,
+    ) -> Token2Wav:
+        """`cosyvoice2.yaml`, `flow.pt` (in `dtype`) and `hift.pt` (fp32, as upstream) from a model directory."""
+        from tritontts.cosyvoice2.config import load_cosyvoice2_config
+        from tritontts.cosyvoice2.flow import load_flow
+
+        model_dir = Path(model_dir)
+        config = load_cosyvoice2_config(model_dir / CONFIG_FILE)
+        flow = load_flow(model_dir, config, device, dtype)
+        hift = load_hift(model_dir / HIFT_FILE, HiFTConfig.from_yaml_dict(config.hift), device)
+        return cls(flow, hift, config.token_mel_ratio, device, dtype, seed)
+
+    def _generator(self) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(self.seed)
+
+    def _mel(
+        self,
+        target_tokens: Tensor,
+        prompt_tokens: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        streaming: bool,
+        finalize: bool,
+    ) -> Tensor:
+        if target_tokens.dim() != 2 or target_tokens.shape[0] != 1:
+            raise ValueError(f"target_tokens must be [1, n], got {tuple(target_tokens.shape)}")
+
+        def length(t: Tensor) -> Tensor:
+            return torch.tensor([t.shape[1]], dtype=torch.int32, device=self.device)
+
+        with torch.inference_mode():
+            mel = self.flow.inference(
+                token=target_tokens.to(self.device, torch.int32),
+                token_len=length(target_tokens),
+                prompt_token=prompt_tokens.to(self.device, torch.int32),
+                prompt_token_len=length(prompt_tokens),
+                prompt_feat=prompt_feat.to(self.device, self.flow_dtype),
+                prompt_feat_len=length(prompt_feat),
+                embedding=embedding.to(self.device, self.flow_dtype),
+                streaming=streaming,
+                finalize=finalize,
+            )
+        return mel.to(self.hift.stft_window.device, next(self.hift.parameters()).dtype)
+
+    def offline(
+        self, target_tokens: Tensor, prompt_tokens: Tensor, prompt_feat: Tensor, embedding: Tensor
+    ) -> Tensor:
+        """Target tokens `[1, n]` → audio `[1, 2 n * 480]` at 24 kHz (flow without streaming masks)."""
+        mel = self._mel(target_tokens, prompt_tokens, prompt_feat, embedding, streaming=False, finalize=True)
+        speech, _ = self.hift.inference(mel, generator=self._generator())
+        return speech
+
+    def stream(
+        self,
+        stream_id: str,
+        target_tokens: Tensor,
+        prompt_tokens: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        token_offset: int,
+        finalize: bool,
+    ) -> Tensor:
+        """Audio `[1, N]` for the target tokens so far, from `token_offset` on, less the withheld tail.
+
+        The first call of a `stream_id` opens its state; the `finalize` call returns the tail and closes it.
+        """
+        state = self._streams.get(stream_id)
+        if state is None:
+            state = _StreamState(self._generator())
+        mel = self._mel(
+            target_tokens, prompt_tokens, prompt_feat, embedding, streaming=not finalize, finalize=finalize
+        )
+        mel = mel[:, :, token_offset * self.token_mel_ratio :]
+        cache_source = None
+        if state.mel is not None:
+            mel = torch.cat([state.mel, mel], dim=2)
+            cache_source = state.source
+        if not finalize and mel.shape[2] <= self.mel_cache_frames:
+            raise ValueError(
+                f"stream {stream_id}: a chunk needs more than {self.mel_cache_frames} mel frames, got {mel.shape[2]}"
+            )
+        speech, source = self.hift.inference(mel, cache_source, state.generator)
+        if state.speech is not None:
+            speech = fade_in_out(speech, state.speech, self.speech_window)
+        if finalize:
+            self._streams.pop(stream_id, None)
+            return speech
+        state.mel = mel[:, :, -self.mel_cache_frames :]
+        state.source = source[:, :, -self.source_cache_len :]
+        state.speech = speech[:, -self.source_cache_len :]
+        self._streams[stream_id] = state
+        return speech[:, : -self.source_cache_len]
+
+    def close(self, stream_id: str) -> None:
+        """Drop a stream's state (a cancelled request); nothing happens for an unknown id."""
+        self._streams.pop(stream_id, None)
+
+    @property
+    def open_streams(self) -> list[str]:
+        return list(self._streams)
