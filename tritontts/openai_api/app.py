@@ -99,7 +99,8 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
 
     @app.post(VOICES_PATH, dependencies=auth, status_code=201)
     async def add_voice(request: Request) -> dict:
-        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        content_type = request.headers.get("content-type", "")
+        if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
             raise bad_request(
                 "send the voice as multipart/form-data (name, transcript, audio_sample)",
                 code="invalid_content_type",

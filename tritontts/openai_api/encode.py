@@ -158,7 +158,7 @@ class StreamEncoder:
         self._started = False
         self._sink: _AppendOnlySink | None = None
         self._file: soundfile.SoundFile | None = None
-        if self.format.sndfile_format is not None:
+        if self.format.name not in ("wav", "pcm"):
             self._sink = _AppendOnlySink()
             self._file = soundfile.SoundFile(self._sink, "w", **_sndfile_args(self.format, self.rate))
 
