@@ -1,0 +1,79 @@
+"""CausalConditionalCFM at inference: Euler steps of a conditional flow from fixed noise to mel."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from tritontts.cosyvoice2.config import CFMConfig
+from tritontts.cosyvoice2.flow.estimator import Estimator
+
+NOISE_SEED = 0
+NOISE_FRAMES = 50 * 300  # 300 s of mel at 50 frames/s
+
+
+def fixed_noise(mel_bins: int, frames: int = NOISE_FRAMES, seed: int = NOISE_SEED) -> Tensor:
+    """The reference's noise: `torch.manual_seed(0); torch.randn(1, mel_bins, frames)` on the CPU."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(1, mel_bins, frames, generator=generator, device="cpu")
+
+
+def time_schedule(n_timesteps: int, scheduler: str, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """[n_timesteps + 1] times from 0 to 1; `cosine` bunches them near 0 (1 - cos(t * pi / 2))."""
+    t = torch.linspace(0, 1, n_timesteps + 1, device=device, dtype=dtype)
+    return 1 - torch.cos(t * 0.5 * math.pi) if scheduler == "cosine" else t
+
+
+class CausalCFM(nn.Module):
+    def __init__(self, config: CFMConfig, estimator: Estimator, mel_bins: int):
+        super().__init__()
+        self.config = config
+        self.mel_bins = mel_bins
+        self.estimator = estimator
+        self.register_buffer("rand_noise", fixed_noise(mel_bins), persistent=False)
+
+    def reset_noise(self) -> None:
+        """Refill the noise buffer (after `to_empty`), keeping its device and dtype."""
+        noise = fixed_noise(self.mel_bins)
+        self.rand_noise = noise.to(device=self.rand_noise.device, dtype=self.rand_noise.dtype)
+
+    def forward(
+        self,
+        mu: Tensor,
+        mask: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        n_timesteps: int,
+        streaming: bool = False,
+        temperature: float = 1.0,
+    ) -> Tensor:
+        """mu, cond [1, 80, T]; mask [1, 1, T]; spks [1, 80] → mel [1, 80, T] fp32.
+
+        Each step runs the estimator on the conditioned and the unconditioned (mu, spks, cond = 0)
+        input as one batch of 2 and mixes them: (1 + r) * v_cond - r * v_uncond.
+        """
+        frames = mu.size(2)
+        if frames > self.rand_noise.size(2):
+            raise ValueError(f"{frames} mel frames exceed the fixed noise ({self.rand_noise.size(2)} frames)")
+        x = self.rand_noise[:, :, :frames].to(mu.dtype) * temperature
+        t_span = time_schedule(n_timesteps, self.config.t_scheduler, mu.device, mu.dtype)
+        rate = self.config.inference_cfg_rate
+        dtype = spks.dtype
+        mask_in = torch.cat([mask, mask]).to(dtype)
+        mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(dtype)
+        spks_in = torch.cat([spks, torch.zeros_like(spks)])
+        cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(dtype)
+        t, dt = t_span[:1], t_span[1] - t_span[0]
+        for step in range(1, len(t_span)):
+            x_in = torch.cat([x, x]).to(dtype)
+            velocity = self.estimator(
+                x_in, mask_in, mu_in, t.expand(2).to(dtype), spks_in, cond_in, streaming
+            )
+            conditioned, unconditioned = velocity.chunk(2)
+            x = x + dt * ((1.0 + rate) * conditioned - rate * unconditioned)
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        return x.float()

@@ -1,0 +1,123 @@
+"""CausalMaskedDiffWithXvec: speech tokens + prompt (tokens, mel, speaker x-vector) → mel spectrogram."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tritontts.checkpoint import CheckpointError, load_strict, read_state_dict
+from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, load_cosyvoice2_config
+from tritontts.cosyvoice2.flow.cfm import CausalCFM
+from tritontts.cosyvoice2.flow.encoder import UpsampleConformerEncoder
+from tritontts.cosyvoice2.flow.estimator import Estimator
+from tritontts.cosyvoice2.flow.masks import valid_mask
+
+FLOW_FILE = "flow.pt"
+
+
+class Flow(nn.Module):
+    def __init__(self, config: FlowConfig):
+        super().__init__()
+        self.config = config
+        self.token_mel_ratio = config.token_mel_ratio
+        self.pre_lookahead_len = config.pre_lookahead_len
+        self.input_embedding = nn.Embedding(config.vocab_size, config.input_size)
+        self.spk_embed_affine_layer = nn.Linear(config.spk_embed_dim, config.output_size)
+        self.encoder = UpsampleConformerEncoder(config.encoder, config.pre_lookahead_len)
+        self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
+        self.decoder = CausalCFM(config.cfm, Estimator(config.estimator), config.output_size)
+
+    @torch.inference_mode()
+    def inference(
+        self,
+        token: Tensor,
+        token_len: Tensor,
+        prompt_token: Tensor,
+        prompt_token_len: Tensor,
+        prompt_feat: Tensor,
+        prompt_feat_len: Tensor,
+        embedding: Tensor,
+        streaming: bool = False,
+        finalize: bool = True,
+    ) -> Tensor:
+        """Generate the mel of `token`, continuing the prompt. Batch size 1.
+
+        Args:
+            token: int [1, T] speech token ids of the target (negative ids are clamped to 0).
+            token_len: int [1], T.
+            prompt_token: int [1, Tp] speech token ids of the prompt (Tp may be 0).
+            prompt_token_len: int [1], Tp.
+            prompt_feat: float [1, Tp * token_mel_ratio, 80] mel of the prompt audio (any float dtype).
+            prompt_feat_len: int [1] (unused; the length is prompt_feat.shape[1]).
+            embedding: float [1, spk_embed_dim] speaker x-vector (normalized here).
+            streaming: use the chunked attention masks of the encoder and the estimator.
+            finalize: the tokens end here. When False, the last `pre_lookahead_len` tokens are only
+                lookahead context for the ones before them and get no mel of their own.
+
+        Returns:
+            float32 [1, 80, token_mel_ratio * (Tp + T) - prompt_feat.shape[1]] mel of the target, which is
+            token_mel_ratio * T frames when finalize (token_mel_ratio * (T - pre_lookahead_len) if not)
+            and the prompt mel matches the prompt tokens.
+        """
+        if token.size(0) != 1:
+            raise ValueError(f"flow inference takes batch size 1, got {token.size(0)}")
+        dtype = self.spk_embed_affine_layer.weight.dtype
+        device = self.spk_embed_affine_layer.weight.device
+        spks = self.spk_embed_affine_layer(F.normalize(embedding.to(device, dtype), dim=1))
+
+        tokens = torch.cat([prompt_token, token], dim=1).to(device)
+        tokens_len = (prompt_token_len + token_len).to(device)
+        pad = valid_mask(tokens_len, tokens.size(1)).transpose(1, 2).to(dtype)
+        x = self.input_embedding(torch.clamp(tokens, min=0)) * pad
+
+        if finalize:
+            h, _ = self.encoder(x, tokens_len, streaming=streaming)
+        else:
+            lookahead = self.pre_lookahead_len
+            if x.size(1) <= lookahead:
+                raise ValueError(
+                    f"without finalize, more than {lookahead} tokens are needed, got {x.size(1)}"
+                )
+            h, _ = self.encoder(x[:, :-lookahead], tokens_len, context=x[:, -lookahead:], streaming=streaming)
+        prompt_frames = prompt_feat.size(1)
+        total_frames = h.size(1)
+        if total_frames <= prompt_frames:
+            raise ValueError(f"prompt mel ({prompt_frames} frames) leaves no frame for the target")
+        mu = self.encoder_proj(h).transpose(1, 2).contiguous()
+
+        cond = torch.zeros(1, self.config.output_size, total_frames, device=device, dtype=dtype)
+        cond[:, :, :prompt_frames] = prompt_feat.to(device, dtype).transpose(1, 2)
+        mask = torch.ones(1, 1, total_frames, device=device, dtype=dtype)
+        feat = self.decoder(mu, mask, spks, cond, self.config.cfm.n_timesteps, streaming=streaming)
+        return feat[:, :, prompt_frames:]
+
+
+def load_flow(
+    model_dir_or_pt: str | Path,
+    config: FlowConfig | CosyVoice2Config | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Flow:
+    """Load `flow.pt` (a plain state_dict) strictly into a Flow in eval mode.
+
+    `model_dir_or_pt` is the model directory or the file; without `config`, `cosyvoice2.yaml` next to
+    the weights is read.
+    """
+    path = Path(model_dir_or_pt)
+    weights = path / FLOW_FILE if path.is_dir() else path
+    if isinstance(config, CosyVoice2Config):
+        config = config.flow
+    if config is None:
+        config = load_cosyvoice2_config(weights.parent).flow
+    state = read_state_dict(weights)
+    if any(not isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{weights} holds values that are not tensors")
+    with torch.device("meta"):
+        flow = Flow(config)
+    flow.to_empty(device=device)
+    flow.decoder.reset_noise()
+    load_strict(flow, state, source=str(weights))
+    return flow.to(dtype=dtype).eval()

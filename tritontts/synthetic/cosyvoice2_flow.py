@@ -1,0 +1,343 @@
+"""Random-weight CosyVoice2 flow in the official layout: `cosyvoice2.yaml` (the hub's HyperPyYAML, tags
+included, every section of the reference) and `flow.pt` (a torch-saved fp32 state_dict with the official
+keys and shapes). `full` = the reference dims, `tiny` = CPU-test dims. The same preset and seed give the
+same bytes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, cosyvoice2_config_from_text
+from tritontts.cosyvoice2.flow import FLOW_FILE, Flow
+
+CONFIG_FILE = "cosyvoice2.yaml"
+
+PRESET_VALUES: dict[str, dict[str, object]] = {
+    "full": {
+        "llm_size": 896,
+        "flow_input_size": 512,
+        "encoder_size": 512,
+        "attention_heads": 8,
+        "linear_units": 2048,
+        "num_blocks": 6,
+        "estimator_channels": "[256]",
+        "attention_head_dim": 64,
+        "n_blocks": 4,
+        "num_mid_blocks": 12,
+        "num_heads": 8,
+        "hift_base_channels": 512,
+        "f0_cond_channels": 512,
+    },
+    "tiny": {
+        "llm_size": 64,
+        "flow_input_size": 64,
+        "encoder_size": 64,
+        "attention_heads": 2,
+        "linear_units": 128,
+        "num_blocks": 2,
+        "estimator_channels": "[64]",
+        "attention_head_dim": 32,
+        "n_blocks": 1,
+        "num_mid_blocks": 2,
+        "num_heads": 2,
+        "hift_base_channels": 32,
+        "f0_cond_channels": 32,
+    },
+}
+
+_TEMPLATE = """\
+# set random seed, so that you may reproduce your result.
+__set_seed1: !apply:random.seed [1986]
+__set_seed2: !apply:numpy.random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
+
+# fixed params
+sample_rate: 24000
+llm_input_size: {llm_size}
+llm_output_size: {llm_size}
+spk_embed_dim: 192
+qwen_pretrain_path: ''
+token_frame_rate: 25
+token_mel_ratio: 2
+
+# stream related params
+chunk_size: 25 # streaming inference chunk size, in token
+num_decoding_left_chunks: -1 # streaming inference flow decoder left chunk size, <0 means use all left chunks
+
+# model params
+llm: !new:cosyvoice.llm.llm.Qwen2LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: 6561
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: 0.8
+        top_k: 25
+        win_size: 10
+        tau_r: 0.1
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: {flow_input_size}
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: 6561
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+        output_size: {encoder_size}
+        attention_heads: {attention_heads}
+        linear_units: {linear_units}
+        num_blocks: {num_blocks}
+        dropout_rate: 0.1
+        positional_dropout_rate: 0.1
+        attention_dropout_rate: 0.1
+        normalize_before: True
+        input_layer: 'linear'
+        pos_enc_layer_type: 'rel_pos_espnet'
+        selfattention_layer_type: 'rel_selfattn'
+        input_size: {flow_input_size}
+        use_cnn_module: False
+        macaron_style: False
+        static_chunk_size: !ref <chunk_size>
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+            in_channels: 320
+            out_channels: 80
+            channels: {estimator_channels}
+            dropout: 0.0
+            attention_head_dim: {attention_head_dim}
+            n_blocks: {n_blocks}
+            num_mid_blocks: {num_mid_blocks}
+            num_heads: {num_heads}
+            act_fn: 'gelu'
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
+    in_channels: 80
+    base_channels: {hift_base_channels}
+    nb_harmonics: 8
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: 0.1
+    nsf_sigma: 0.003
+    nsf_voiced_threshold: 10
+    upsample_rates: [8, 5, 3]
+    upsample_kernel_sizes: [16, 11, 7]
+    istft_params:
+        n_fft: 16
+        hop_len: 4
+    resblock_kernel_sizes: [3, 7, 11]
+    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    source_resblock_kernel_sizes: [7, 7, 11]
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    lrelu_slope: 0.1
+    audio_limit: 0.99
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
+        num_class: 1
+        in_channels: 80
+        cond_channels: {f0_cond_channels}
+
+# gan related module
+mel_spec_transform1: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: null
+    center: False
+hifigan: !new:cosyvoice.hifigan.hifigan.HiFiGan
+    generator: !ref <hift>
+    discriminator: !new:cosyvoice.hifigan.discriminator.MultipleDiscriminator
+        mpd: !new:matcha.hifigan.models.MultiPeriodDiscriminator
+        mrd: !new:cosyvoice.hifigan.discriminator.MultiResSpecDiscriminator
+    mel_spec_transform: [
+        !ref <mel_spec_transform1>
+    ]
+
+# processor functions
+parquet_opener: !name:cosyvoice.dataset.processor.parquet_opener
+get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
+    token_path: !ref <qwen_pretrain_path>
+    skip_special_tokens: True
+allowed_special: 'all'
+tokenize: !name:cosyvoice.dataset.processor.tokenize
+    get_tokenizer: !ref <get_tokenizer>
+    allowed_special: !ref <allowed_special>
+filter: !name:cosyvoice.dataset.processor.filter
+    max_length: 6000
+    min_length: 100
+    token_max_length: 200
+    token_min_length: 1
+resample: !name:cosyvoice.dataset.processor.resample
+    resample_rate: !ref <sample_rate>
+truncate: !name:cosyvoice.dataset.processor.truncate
+    truncate_length: 24480 # must be a multiplier of hop_size
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: 8000
+    center: False
+compute_fbank: !name:cosyvoice.dataset.processor.compute_fbank
+    feat_extractor: !ref <feat_extractor>
+    num_frames: 960
+compute_whisper_fbank: !name:cosyvoice.dataset.processor.compute_whisper_fbank
+    num_frames: 960
+compute_f0: !name:cosyvoice.dataset.processor.compute_f0
+    sample_rate: !ref <sample_rate>
+    hop_size: 480
+parse_embedding: !name:cosyvoice.dataset.processor.parse_embedding
+    normalize: True
+shuffle: !name:cosyvoice.dataset.processor.shuffle
+    shuffle_size: 1000
+sort: !name:cosyvoice.dataset.processor.sort
+    sort_size: 500  # sort_size should be less than shuffle_size
+batch: !name:cosyvoice.dataset.processor.batch
+    batch_type: 'dynamic'
+    max_frames_in_batch: 2000
+padding: !name:cosyvoice.dataset.processor.padding
+    use_spk_embedding: False # change to True during sft
+
+# dataset processor pipeline
+data_pipeline: [
+    !ref <parquet_opener>,
+    !ref <tokenize>,
+    !ref <filter>,
+    !ref <resample>,
+    !ref <compute_fbank>,
+    !ref <parse_embedding>,
+    !ref <compute_whisper_fbank>,
+    !ref <shuffle>,
+    !ref <sort>,
+    !ref <batch>,
+    !ref <padding>,
+]
+data_pipeline_gan: [
+    !ref <parquet_opener>,
+    !ref <tokenize>,
+    !ref <filter>,
+    !ref <resample>,
+    !ref <truncate>,
+    !ref <compute_fbank>,
+    !ref <compute_f0>,
+    !ref <parse_embedding>,
+    !ref <shuffle>,
+    !ref <sort>,
+    !ref <batch>,
+    !ref <padding>,
+]
+
+# llm flow train conf
+train_conf:
+    optim: adam
+    optim_conf:
+        lr: 1e-5 # change to 1e-5 during sft
+    scheduler: constantlr # change to constantlr during sft
+    scheduler_conf:
+        warmup_steps: 2500
+    max_epoch: 200
+    grad_clip: 5
+    accum_grad: 2
+    log_interval: 100
+    save_per_step: -1
+
+# gan train conf
+train_conf_gan:
+    optim: adam
+    optim_conf:
+        lr: 0.0002 # use small lr for gan training
+    scheduler: constantlr
+    optim_d: adam
+    optim_conf_d:
+        lr: 0.0002 # use small lr for gan training
+    scheduler_d: constantlr
+    max_epoch: 200
+    grad_clip: 5
+    accum_grad: 1 # in gan training, accum_grad must be 1
+    log_interval: 100
+    save_per_step: -1
+"""
+
+
+def _check_preset(preset: str) -> None:
+    if preset not in PRESET_VALUES:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESET_VALUES)}")
+
+
+def cosyvoice2_yaml(preset: str) -> str:
+    """`cosyvoice2.yaml` text in the hub's format for `preset` (`full` = reference values)."""
+    _check_preset(preset)
+    return _TEMPLATE.format(**PRESET_VALUES[preset])
+
+
+def preset_config(preset: str) -> CosyVoice2Config:
+    return cosyvoice2_config_from_text(cosyvoice2_yaml(preset), f"{preset} preset")
+
+
+def write_cosyvoice2_yaml(model_dir: str | Path, preset: str) -> Path:
+    path = Path(model_dir) / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cosyvoice2_yaml(preset))
+    return path
+
+
+def _random_tensor(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+    """Unit LayerNorm scales, zero biases, small attention position biases, matrices with variance
+    1/fan_in so activations keep their scale through the random network."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if leaf == "weight" and len(shape) == 1:
+        return torch.ones(shape)
+    if leaf in ("pos_bias_u", "pos_bias_v"):
+        return torch.randn(shape, generator=gen) * 0.1
+    if name == "input_embedding.weight":
+        return torch.randn(shape, generator=gen)
+    fan_in = math.prod(shape[1:])
+    return torch.randn(shape, generator=gen) / math.sqrt(fan_in)
+
+
+def random_flow_state_dict(config: FlowConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded random fp32 weights with the official keys, shapes and key order."""
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in Flow(config).state_dict().items()}
+    gen = torch.Generator().manual_seed(seed)
+    return {name: _random_tensor(name, shape, gen).contiguous() for name, shape in shapes.items()}
+
+
+def write_flow(model_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
+    """Write `cosyvoice2.yaml` and `flow.pt` under `model_dir`; returns the path of `flow.pt`."""
+    _check_preset(preset)
+    model_dir = Path(model_dir)
+    write_cosyvoice2_yaml(model_dir, preset)
+    state = random_flow_state_dict(preset_config(preset).flow, seed)
+    path = model_dir / FLOW_FILE
+    torch.save(state, path)
+    return path
