@@ -11,6 +11,7 @@ from tritontts.cosyvoice2.token2wav import (
     align_prompt,
     fade_in_out,
 )
+from tritontts.synthetic.cosyvoice2_flow import write_flow
 from tritontts.synthetic.cosyvoice2_hift import preset_config, random_state_dict, write_hift
 
 SAMPLES_PER_FRAME = 480
@@ -214,3 +215,74 @@ def test_stream_rejects_a_chunk_shorter_than_the_cache(hift):
     t2w = Token2Wav(LookaheadFlow(), hift)
     with pytest.raises(ValueError, match="mel frames"):
         t2w.stream("s", _targets(6), *_prompt(), 0, False)
+
+
+class RecordingFlow:
+    """Delegates to a real flow and keeps every mel it returns."""
+
+    def __init__(self, flow) -> None:
+        self.flow = flow
+        self.mels: list[Tensor] = []
+
+    def inference(self, **kwargs) -> Tensor:
+        mel = self.flow.inference(**kwargs)
+        self.mels.append(mel)
+        return mel
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cosyvoice2")
+    write_flow(path, "tiny", seed=0)
+    write_hift(path, "tiny", seed=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_t2w(model_dir):
+    return Token2Wav.from_model_dir(model_dir)
+
+
+def test_from_model_dir_offline(real_t2w):
+    audio = real_t2w.offline(_targets(12), *_prompt())
+    assert audio.shape == (1, 12 * 2 * SAMPLES_PER_FRAME)
+    assert audio.abs().max() <= 0.99 and audio.std() > 1e-3
+    torch.testing.assert_close(real_t2w.offline(_targets(12), *_prompt()), audio, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_real_flow_streaming(real_t2w, constant_source_hift):
+    """With the real flow each call's mel depends on the chunk masks, so the stream is compared with one
+    HiFT pass over the mel frames the calls contributed (exact outside the joins) and checked for jumps."""
+    count = 48
+    schedule = StreamSchedule()
+    plan = schedule.plan(count)
+    tokens = _targets(count)
+
+    t2w = real_t2w
+    pieces = _run_stream(t2w, tokens, schedule)
+    assert [p.shape[1] // SAMPLES_PER_FRAME for p in pieces] == [22, 30, 30, 14]
+    audio = torch.cat(pieces, dim=1)[0]
+    assert audio.shape[0] == count * 2 * SAMPLES_PER_FRAME and audio.abs().max() <= 0.99
+    jumps = (audio[1:] - audio[:-1]).abs()
+    starts = torch.tensor([p.shape[1] for p in pieces]).cumsum(0)[:-1]
+    inside = torch.ones_like(jumps, dtype=torch.bool)
+    inside[starts - 1] = False
+    assert jumps[starts - 1].max() <= jumps[inside].max()
+    offline = t2w.offline(tokens, *_prompt())
+    assert 0.5 < audio.std() / offline.std() < 2.0  # same level; the waveforms differ with the chunk masks
+
+    recorder = RecordingFlow(t2w.flow)
+    constant = Token2Wav(recorder, constant_source_hift)
+    streamed = torch.cat(_run_stream(constant, tokens, schedule), dim=1)
+    contributed = [
+        mel[:, :, 2 * chunk.token_offset : None if chunk.finalize else 2 * (chunk.token_end - 3)]
+        for chunk, mel in zip(plan, recorder.mels)
+    ]
+    reference, _ = constant_source_hift.inference(torch.cat(contributed, dim=2))
+    outside = torch.ones(count * 2, dtype=torch.bool)
+    for chunk in plan[:-1]:
+        join = 2 * (chunk.token_end - schedule.pre_lookahead_len)
+        outside[join - LEFT_OF_JOIN : join + RIGHT_OF_JOIN] = False
+    per_frame = (streamed - reference).abs()[0].view(-1, SAMPLES_PER_FRAME).amax(dim=1)
+    assert per_frame[outside].max() < TOLERANCE
