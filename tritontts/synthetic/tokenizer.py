@@ -7,6 +7,8 @@ filler entries that no merge can produce, so the added tokens land where the rea
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -19,6 +21,18 @@ QWEN2_SPLIT_REGEX = (
 )
 TRAINED_VOCAB_SIZE = 2048
 MODEL_MAX_LENGTH = 32768
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """What tokenizer_config.json and special_tokens_map.json declare."""
+
+    eos: str
+    pad: str
+    additional: tuple[str, ...]
+
+
+SPARK_SPECIAL_TOKENS = SpecialTokens(layout.EOS_TOKEN, layout.PAD_TOKEN, layout.QWEN_SPECIAL_TOKENS[1:3])
 
 ENGLISH_CORPUS = """\
 The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
@@ -69,7 +83,9 @@ def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     )
 
 
-def _full_vocab() -> tuple[dict[str, int], list[list[str]]]:
+@cache
+def qwen2_bpe_vocab() -> tuple[dict[str, int], list[list[str]]]:
+    """The 151,643-entry BPE vocabulary and its merges (trained once per process; do not mutate)."""
     trained, merges = _train_bpe()
     vocab = dict(sorted(trained.items(), key=lambda kv: kv[1]))
     for index in range(len(vocab), layout.BPE_VOCAB_SIZE):
@@ -125,7 +141,9 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[list[str]], added: list[
     }
 
 
-def _tokenizer_config(added: list[layout.AddedToken]) -> dict:
+def _tokenizer_config(
+    added: list[layout.AddedToken], special: SpecialTokens, chat_template: str | None
+) -> dict:
     decoder = {
         str(t.id): {
             "content": t.content,
@@ -137,24 +155,28 @@ def _tokenizer_config(added: list[layout.AddedToken]) -> dict:
         }
         for t in added
     }
-    return {
+    config = {
         "add_bos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": decoder,
-        "additional_special_tokens": list(layout.QWEN_SPECIAL_TOKENS[1:3]),
+        "additional_special_tokens": list(special.additional),
         "bos_token": None,
+    }
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    return config | {
         "clean_up_tokenization_spaces": False,
-        "eos_token": layout.EOS_TOKEN,
+        "eos_token": special.eos,
         "errors": "replace",
         "model_max_length": MODEL_MAX_LENGTH,
-        "pad_token": layout.PAD_TOKEN,
+        "pad_token": special.pad,
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
 
 
-def _special_tokens_map() -> dict:
+def _special_tokens_map(special: SpecialTokens) -> dict:
     def entry(content: str) -> dict:
         return {
             "content": content,
@@ -165,9 +187,9 @@ def _special_tokens_map() -> dict:
         }
 
     return {
-        "additional_special_tokens": list(layout.QWEN_SPECIAL_TOKENS[1:3]),
-        "eos_token": entry(layout.EOS_TOKEN),
-        "pad_token": entry(layout.PAD_TOKEN),
+        "additional_special_tokens": list(special.additional),
+        "eos_token": entry(special.eos),
+        "pad_token": entry(special.pad),
     }
 
 
@@ -175,20 +197,33 @@ def _write_json(path: Path, data: dict, indent: int | None = 2) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=indent) + "\n", encoding="utf-8")
 
 
-def build_spark_tokenizer(out_dir: str | Path) -> Path:
+def write_qwen2_tokenizer(
+    out_dir: str | Path,
+    added: list[layout.AddedToken],
+    special: SpecialTokens,
+    chat_template: str | None = None,
+    slow_files_only: bool = False,
+) -> Path:
     """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json, added_tokens.json, vocab.json
-    and merges.txt into `out_dir`; return `out_dir`."""
+    and merges.txt into `out_dir`; `slow_files_only` writes just tokenizer_config.json, vocab.json and
+    merges.txt (a tokenizer that transformers builds from them). Returns `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab, merges = _full_vocab()
-    added = layout.spark_added_tokens()
-    _write_json(out_dir / "tokenizer.json", _tokenizer_json(vocab, merges, added), indent=None)
-    _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(added))
-    _write_json(out_dir / "special_tokens_map.json", _special_tokens_map())
-    _write_json(
-        out_dir / "added_tokens.json", {t.content: t.id for t in sorted(added, key=lambda t: t.content)}
-    )
+    vocab, merges = qwen2_bpe_vocab()
+    if not slow_files_only:
+        _write_json(out_dir / "tokenizer.json", _tokenizer_json(vocab, merges, added), indent=None)
+    _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(added, special, chat_template))
+    if not slow_files_only:
+        _write_json(out_dir / "special_tokens_map.json", _special_tokens_map(special))
+        _write_json(
+            out_dir / "added_tokens.json", {t.content: t.id for t in sorted(added, key=lambda t: t.content)}
+        )
     _write_json(out_dir / "vocab.json", vocab, indent=None)
     merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
     (out_dir / "merges.txt").write_text(merges_text, encoding="utf-8")
     return out_dir
+
+
+def build_spark_tokenizer(out_dir: str | Path) -> Path:
+    """Write Spark-TTS's six tokenizer files into `out_dir`; return `out_dir`."""
+    return write_qwen2_tokenizer(out_dir, layout.spark_added_tokens(), SPARK_SPECIAL_TOKENS)
