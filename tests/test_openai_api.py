@@ -28,8 +28,13 @@ from tritontts.triton.server import free_ports
 TRITON_MODELS = [build_spark_models]
 KEY = "test-key"
 RATE = 16000
-SAMPLES = MAX_NEW_TOKENS * 320  # the synthetic LLM never stops: every request is max_new_tokens long
+TOKENS = 60  # the API's --max-new-tokens: two streamed chunks (50 tokens, then 5 overlapping + 10)
+SAMPLES = TOKENS * 320  # the synthetic LLM never stops: every request is TOKENS long
 FORMATS = ["wav", "pcm", "flac", "mp3", "opus"]
+FIRST_CHUNK_TOKENS, OVERLAP_SAMPLES = (
+    50,
+    1600,
+)  # spark_models' streaming schedule: 1.0 s first chunk, 0.1 s overlap
 MP3_SLACK = (
     0.15 * RATE
 )  # a streamed MP3 keeps the encoder's delay and padding (its LAME tag comes at the end)
@@ -58,8 +63,14 @@ def voices_dir(tmp_path_factory, prompt_zh):
 
 @pytest.fixture(scope="module")
 def api(triton_server, voices_dir, tmp_path_factory):
+    assert FIRST_CHUNK_TOKENS < TOKENS < MAX_NEW_TOKENS  # streams have two chunks; the BLS accepts the budget
     args = ["--triton-url", triton_server.grpc_url, "--voices-dir", str(voices_dir), "--api-key", KEY]
-    args += [f"--max-input-chars={MAX_INPUT}", "--max-request-bytes=20000", "--max-upload-bytes=500000"]
+    args += [
+        f"--max-new-tokens={TOKENS}",
+        f"--max-input-chars={MAX_INPUT}",
+        "--max-request-bytes=20000",
+        "--max-upload-bytes=500000",
+    ]
     for spec in MODELS:
         args += ["--model", spec]
     with api_process(*args, log_file=tmp_path_factory.mktemp("api") / "api.log") as url:
@@ -167,7 +178,11 @@ def test_sse_delivers_chunks_as_they_come(http):
     kinds = [event["type"] for event in events]
     assert kinds[-1] == "speech.audio.done" and set(kinds[:-1]) == {"speech.audio.delta"}
     assert len(kinds) >= 3  # the header and first chunk, later chunks, then done
-    assert arrivals[0] < arrivals[-2] < arrivals[-1]  # the first audio arrived before the last was made
+    assert arrivals[0] < arrivals[-2] < arrivals[-1]
+    first = base64.b64decode(
+        events[0]["audio"]
+    )  # the header and Triton's first chunk less the overlap to fade
+    assert len(first) == 44 + (FIRST_CHUNK_TOKENS * 320 - OVERLAP_SAMPLES) * 2
     assert events[-1]["usage"]["input_tokens"] == len("Hello.")
     assert_audio(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]), "wav", streamed=True)
 
@@ -191,6 +206,7 @@ def test_a_decoupled_only_model_serves_whole_files_and_an_offline_only_model_ref
     assert_error(response, 400, "stream_format", "streaming_unavailable")
 
 
+@pytest.mark.slow
 def test_voices_listed_added_and_cached(http, triton_server, prompt_zh):
     listed = http.get("/v1/audio/voices").json()
     assert listed["object"] == "list" and [v["id"] for v in listed["data"]] == ["zh"]
@@ -328,6 +344,7 @@ def test_without_triton_the_api_answers_503_and_keeps_running(voices_dir, tmp_pa
                 assert_error(response, 503, None, "triton_unavailable")
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_requests(client):
     def one(index: int) -> tuple[bytes, str]:
         response_format = ("wav", "pcm")[index % 2]

@@ -41,6 +41,13 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-upload-bytes", type=int, default=20 << 20)
     p.add_argument("--max-reference-seconds", type=float, default=30.0)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one Triton request may take")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="cap on the audio tokens one request may generate, sent to Triton as the max_new_tokens request "
+        "parameter (the Spark-TTS BLS honours it, up to its own max_new_tokens); default: the BLS's own",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -60,6 +67,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_upload_bytes=args.max_upload_bytes,
         max_reference_seconds=args.max_reference_seconds,
         request_timeout_s=args.request_timeout,
+        max_new_tokens=args.max_new_tokens,
     )
 
 

@@ -30,7 +30,9 @@ VOICES_PATH = "/v1/audio/voices"
 
 
 def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
-    triton = triton or TritonTTS(settings.triton_url, settings.request_timeout_s, settings.model_config_ttl_s)
+    triton = triton or TritonTTS(
+        settings.triton_url, settings.request_timeout_s, settings.model_config_ttl_s, settings.max_new_tokens
+    )
     voices = VoiceStore(
         settings.voices_dir, AudioLimits(max_seconds=settings.max_reference_seconds), settings.max_input_chars
     )

@@ -35,6 +35,7 @@ class Settings:
     max_upload_bytes: int = 20 << 20
     max_reference_seconds: float = 30.0
     request_timeout_s: float = 600.0
+    max_new_tokens: int | None = None  # sent as Triton's max_new_tokens request parameter when set
     model_config_ttl_s: float = 5.0
 
     def route(self, name: str) -> ModelRoute | None:

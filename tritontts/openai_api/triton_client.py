@@ -67,8 +67,15 @@ def triton_error(error: InferenceServerException) -> ApiError:
 
 
 class TritonTTS:
-    def __init__(self, url: str, request_timeout_s: float = 600.0, config_ttl_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        request_timeout_s: float = 600.0,
+        config_ttl_s: float = 5.0,
+        max_new_tokens: int | None = None,
+    ) -> None:
         self.url = url
+        self.parameters = None if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
         self.request_timeout_s = request_timeout_s
         self.config_ttl_s = config_ttl_s
         self._client: grpc_aio.InferenceServerClient | None = None
@@ -132,6 +139,7 @@ class TritonTTS:
             "inputs": triton_io.infer_inputs(grpcclient, arrays),
             "outputs": triton_io.requested_outputs(grpcclient),
             "request_id": uuid.uuid4().hex,
+            "parameters": self.parameters,
         }
 
     async def synthesize(self, deployment: Deployment, voice: Voice, text: str) -> np.ndarray:
