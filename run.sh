@@ -11,6 +11,7 @@
 #    3  launch tritonserver in the background (pid file + log), wait until ready
 #    4  benchmark client (gRPC) over a dataset
 #    5  single-utterance client (gRPC when streaming, HTTP when offline)
+#    6  OpenAI-compatible API server in front of the running tritonserver (foreground; not in the default range)
 #  stop ends the server that stage 3 started:  bash run.sh stop
 set -euo pipefail
 
@@ -81,8 +82,15 @@ reference_text="吃燕窝就选燕之屋，本节目由26年专注高品质燕�
 target_text="身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
 output_dir=""                       # stage 5 writes its WAV here; default: $exp_dir/$model/single_${mode}
 
+# OpenAI-compatible API (stage 6)
+api_host=127.0.0.1                  # stage 6: address the API listens on; 0.0.0.0 inside a container with mapped ports
+api_port=8080                       # stage 6: POST /v1/audio/speech, GET|POST /v1/audio/voices, GET /health
+api_key=""                          # stage 6: clients must send 'Authorization: Bearer <key>'; empty: no auth
+api_model_name=spark-tts            # stage 6: the model name clients send, mapped to --model on Triton
+voices_dir=""                       # stage 6: NAME.wav + NAME.txt per voice; default: $exp_dir/voices, seeded with voice 'default' from reference_audio/reference_text
+
 usage() {
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   echo
   echo "Options (default in brackets):"
   grep -E '^[a-z_]+=' "$0" | sed -E 's/^([a-z_]+)=("[^"]*"|[^ ]*) *(# *)?(.*)$/  --\1 [\2] \4/'
@@ -133,6 +141,7 @@ fi
 [ -n "$dataset" ] || dataset=$exp_dir/benchmark_data
 [ -n "$log_dir" ] || log_dir=$model_home/log_${mode}_tasks_${num_tasks}
 [ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
+[ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
 pid_file=$model_home/tritonserver.pid
 server_log=$model_home/tritonserver.log
 in_container=false
@@ -263,4 +272,15 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
     "$python" client_http.py --server-addr "$server_addr" --server-port "$http_port" --model-name "$model" \
       --output-audio "$output_dir/output.wav" "${single[@]}"
   fi
+fi
+
+if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  log "Stage 6: OpenAI-compatible API on http://$api_host:$api_port (model $api_model_name -> $model), voices in $voices_dir"
+  mkdir -p "$voices_dir"
+  if ! ls "$voices_dir"/*.wav >/dev/null 2>&1; then
+    cp "$reference_audio" "$voices_dir/default.wav"
+    printf '%s\n' "$reference_text" > "$voices_dir/default.txt"
+  fi
+  TRITONTTS_API_KEY="$api_key" "$python" -m tritontts.openai_api --triton-url "$server_addr:$grpc_port" \
+    --host "$api_host" --port "$api_port" --voices-dir "$voices_dir" --model "$api_model_name=$model"
 fi

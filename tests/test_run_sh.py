@@ -72,3 +72,51 @@ def test_stages_leave_wavs_and_a_summary(exp, bench_data, mode, stages):
         not (home / "tritonserver.pid").exists()
         or not Path(f"/proc/{(home / 'tritonserver.pid').read_text().strip()}").exists()
     )
+
+
+def test_help_names_stage_6_and_its_options():
+    done = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    assert "6  OpenAI-compatible API server in front of the running tritonserver" in done.stdout
+    assert "stop ends the server that stage 3 started" in done.stdout
+    for option in ("--api_host", "--api_port", "--api_key", "--api_model_name", "--voices_dir"):
+        assert f"\n  {option} [" in done.stdout
+
+
+def test_stage_6_serves_the_api_with_a_seeded_voice(tmp_path, prompt_zh):
+    import os
+    import signal
+    import time
+
+    import httpx
+
+    api_port, dead_grpc_port = free_ports(2)
+    command = ["bash", "run.sh", "6", "6", "--exp_dir", str(tmp_path), "--python", sys.executable]
+    command += [
+        "--api_port",
+        str(api_port),
+        "--grpc_port",
+        str(dead_grpc_port),
+        "--reference_audio",
+        str(prompt_zh),
+    ]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stdout.read().decode()
+            try:
+                health = httpx.get(f"http://127.0.0.1:{api_port}/health", timeout=10)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "stage 6 did not start the API"
+                time.sleep(0.3)
+        assert health.status_code == 503  # no tritonserver on that port
+        voices = httpx.get(f"http://127.0.0.1:{api_port}/v1/audio/voices", timeout=10).json()["data"]
+        assert [v["id"] for v in voices] == ["default"]
+        assert (tmp_path / "voices" / "default.txt").read_text().strip() == voices[0]["transcript"]
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=15)
