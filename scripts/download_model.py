@@ -7,9 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from tritontts.cosyvoice2 import layout as cosyvoice2_layout
 from tritontts.spark import layout as spark_layout
 
-LAYOUTS = {"spark_tts": spark_layout}
+LAYOUTS = {"spark_tts": spark_layout, "cosyvoice2": cosyvoice2_layout}
 OFFLINE_HINT = (
     "No network? Use --model_source synthetic-tiny (or synthetic-full) to write a synthetic checkpoint."
 )
@@ -33,11 +34,45 @@ def download_modelscope(repo: str, out: Path) -> None:
     snapshot_download(repo, local_dir=str(out))
 
 
+def download_file(url: str, path: Path) -> None:
+    """Fetch `url` to `path` through a `.part` file that a later run continues (HTTP Range)."""
+    import urllib.request
+
+    part = path.with_name(path.name + ".part")
+    done = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={done}-"} if done else {})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        mode = "ab" if done and response.status == 206 else "wb"
+        with open(part, mode) as f:
+            while chunk := response.read(1 << 20):
+                f.write(chunk)
+    part.replace(path)
+
+
+def download_cosyvoice2(source: str, out: Path) -> None:
+    """Both repositories into `out/CosyVoice2-0.5B` and `out/cosyvoice2_llm`, then the optional spk2info.pt."""
+    layout = cosyvoice2_layout
+    repos = layout.HF_REPOS if source == "huggingface" else layout.MODELSCOPE_REPOS
+    for directory, repo in repos.items():
+        print(f"downloading {repo} from {source} into {out / directory}")
+        (download_huggingface if source == "huggingface" else download_modelscope)(repo, out / directory)
+    spk2info = out / layout.MODEL_DIR / "spk2info.pt"
+    if not spk2info.exists():
+        try:
+            download_file(layout.SPK2INFO_URL, spk2info)
+        except OSError as err:
+            print(f"warning: no {spk2info} (cached speakers; requests then need reference audio): {err}")
+
+
 def write_synthetic(model: str, preset: str, out: Path, seed: int) -> None:
     if model == "spark_tts":
         from tritontts.synthetic.spark import write_spark_checkpoint
 
         write_spark_checkpoint(out, preset=preset, seed=seed)
+    elif model == "cosyvoice2":
+        from tritontts.synthetic.cosyvoice2 import write_cosyvoice2_checkpoint
+
+        write_cosyvoice2_checkpoint(out, preset=preset, seed=seed)
     else:
         fail(f"no synthetic generator for model {model}")
 
@@ -51,7 +86,10 @@ def main() -> None:
         help="huggingface | modelscope | synthetic-tiny | synthetic-full | a local checkpoint directory",
     )
     parser.add_argument(
-        "--output_dir", type=Path, help="where hub and synthetic checkpoints go (not used for a local dir)"
+        "--output_dir",
+        type=Path,
+        help="where hub and synthetic checkpoints go (not used for a local dir); "
+        "for cosyvoice2 it receives CosyVoice2-0.5B/ and cosyvoice2_llm/",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -67,12 +105,15 @@ def main() -> None:
         if not layout.missing_files(out):
             print(f"{out} is complete; nothing to download")
             return
-        repo = layout.HF_REPO if source == "huggingface" else layout.MODELSCOPE_REPO
-        print(f"downloading {repo} from {source} into {out}")
         try:
-            (download_huggingface if source == "huggingface" else download_modelscope)(repo, out)
+            if args.model == "cosyvoice2":
+                download_cosyvoice2(source, out)
+            else:
+                repo = layout.HF_REPO if source == "huggingface" else layout.MODELSCOPE_REPO
+                print(f"downloading {repo} from {source} into {out}")
+                (download_huggingface if source == "huggingface" else download_modelscope)(repo, out)
         except Exception as err:  # noqa: BLE001 - any failure of the hub client ends here, explained
-            fail(f"download of {repo} from {source} failed: {type(err).__name__}: {err}\n{OFFLINE_HINT}")
+            fail(f"download from {source} failed: {type(err).__name__}: {err}\n{OFFLINE_HINT}")
     else:
         out = Path(source)
         if not out.is_dir():
