@@ -174,6 +174,8 @@ async def _bytes(audio: AsyncIterator[tuple[bytes, int]]) -> AsyncIterator[bytes
                 yield data
     except ApiError as err:  # headers are gone: the stream ends early, the log says why
         log.warning("audio stream ended by an error: %s", err.message)
+    finally:
+        await audio.aclose()  # a client that goes away cancels the Triton request
 
 
 def _event(payload: dict) -> bytes:
@@ -190,6 +192,8 @@ async def _sse(audio: AsyncIterator[tuple[bytes, int]], text: str, sample_rate: 
     except ApiError as err:
         yield _event({"type": "error", **err.body()})
         return
+    finally:
+        await audio.aclose()
     usage = {"input_tokens": len(text), "output_tokens": 0, "total_tokens": len(text)}
     yield _event(
         {"type": "speech.audio.done", "usage": usage, "audio_seconds": round(total / sample_rate, 3)}
