@@ -243,6 +243,7 @@ def real_t2w(model_dir):
     return Token2Wav.from_model_dir(model_dir)
 
 
+@pytest.mark.slow
 def test_from_model_dir_offline(real_t2w):
     audio = real_t2w.offline(_targets(12), *_prompt())
     assert audio.shape == (1, 12 * 2 * SAMPLES_PER_FRAME)
