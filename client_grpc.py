@@ -84,6 +84,12 @@ def get_parser() -> argparse.ArgumentParser:
         "--request-timeout", type=float, default=300.0, help="seconds to wait for any one response"
     )
     p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="send the first N rows once, one at a time, before measuring (first-call costs); not counted",
+    )
+    p.add_argument(
         "--log-interval", type=int, default=5, help="kept for upstream compatibility (tqdm shows progress)"
     )
     p.add_argument(
@@ -296,6 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
 
+    if args.warmup > 0:
+        warm = run_benchmark(args, items[: args.warmup], 1, log_dir / "warmup")
+        failed = [r.error for r in warm.records if not r.ok]
+        if failed:
+            print(f"error: a warm-up request failed: {failed[0]}", file=sys.stderr)
+            return 1
     runs = []
     for level in levels:
         wav_dir = log_dir if len(levels) == 1 else log_dir / f"concurrency_{level}"
@@ -309,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": len(items),
         "output_sample_rate": output_rate,
         "chunk_overlap_duration": args.chunk_overlap_duration,
+        "warmup_requests": args.warmup,
     }
     paths = write_report(runs, log_dir, metadata)
     print(markdown_table(runs), end="")

@@ -77,6 +77,9 @@ num_tasks=2
 dataset=""                          # default: $exp_dir/benchmark_data (written by stage 4 if missing)
 split_name=test
 log_dir=""                          # default: $exp_dir/$model/log_${mode}_tasks_${num_tasks}
+sweep=""                            # stage 4: concurrencies run one after another (e.g. 1,2,4,8,16) instead of --num_tasks
+warmup=0                            # stage 4: rows sent once before measuring, not counted (first-call costs)
+realistic_lengths=false             # stage 4: ask for 50 tokens per second of each row's expected duration (synthetic LLMs)
 reference_audio=../shared/data/prompt_zh.wav
 reference_text="吃燕窝就选燕之屋，本节目由26年专注高品质燕窝的燕之屋冠名播出。豆奶牛奶换着喝，营养更均衡，本节目由豆本豆豆奶特约播出。"
 target_text="身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
@@ -252,13 +255,17 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
 fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
-  log "Stage 4: benchmark, $num_tasks concurrent tasks, $mode"
+  log "Stage 4: benchmark, ${sweep:-$num_tasks} concurrent tasks, $mode"
+  bench_extra=()
+  [ -n "$sweep" ] && bench_extra+=(--sweep "$sweep")
+  [ "$realistic_lengths" = true ] && bench_extra+=(--realistic-lengths)
+  [ "$warmup" -gt 0 ] && bench_extra+=(--warmup "$warmup")
   if [ ! -e "$dataset" ]; then
     "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
   fi
   "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
     --mode "$mode" --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
-    --chunk-overlap-duration "$audio_chunk_overlap_duration" --log-dir "$log_dir"
+    --chunk-overlap-duration "$audio_chunk_overlap_duration" --log-dir "$log_dir" "${bench_extra[@]}"
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then

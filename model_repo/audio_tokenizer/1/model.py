@@ -12,12 +12,14 @@ import triton_python_backend_utils as pb_utils
 from tritontts.audio import AudioLimits
 from tritontts.spark.codec import SparkCodec
 from tritontts.spark.service import RequestLimits, check_reference_wav
+from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_stack_dumps()
         config = json.loads(args["model_config"])
         self.codec = SparkCodec(
             model_param(config, "model_dir"), model_param(config, "device", default="auto")

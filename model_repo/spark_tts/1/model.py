@@ -21,12 +21,14 @@ from tritontts.spark.service import (
 )
 from tritontts.streaming import ChunkSchedule
 from tritontts.triton.bls import call_model, stream_model
+from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.llm_contract import OUTPUT_NAMES, SamplingParams, generated_tokens, llm_request_inputs
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_stack_dumps()
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         frame_rate = model_param(config, "audio_tokenizer_frame_rate", float, default=50.0)

@@ -15,6 +15,7 @@ from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import FinishReason
 from tritontts.llm.triton_io import parse_llm_request, response_arrays
 from tritontts.spark.codec import resolve_device
+from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import error_response, model_param, optional_input
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -76,6 +77,7 @@ class _Collect:
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_stack_dumps()
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         device = resolve_device(model_param(config, "device", default="auto"))

@@ -6,6 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritontts.spark.codec import SparkCodec
+from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import RequestError, error_response, model_param, required_input
 
 GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK = 4096, 8192
@@ -22,6 +23,7 @@ def _token_row(request, name, codebook):
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_stack_dumps()
         config = json.loads(args["model_config"])
         device = model_param(config, "device", default="auto")
         self.codec = SparkCodec(model_param(config, "model_dir"), device, with_tokenizer=False)
