@@ -38,8 +38,11 @@ FEAT_FRAMES_PER_TOKEN = 2
 
 
 def create_session(path: str | Path, device: str = "cpu") -> ort.InferenceSession:
-    """An onnxruntime session on `device` ("cpu", "cuda" or "cuda:N"); the CUDA provider must exist."""
+    """An onnxruntime session on `device` ("cpu", "cuda", "cuda:N", or "auto": the GPU when this onnxruntime
+    has the CUDA provider); the CUDA provider must exist for "cuda"."""
     path = Path(path)
+    if device == "auto":
+        device = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
     if not path.is_file():
         raise CheckpointError(f"ONNX model not found: {path}")
     if device == "cpu":

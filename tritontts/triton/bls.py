@@ -15,9 +15,18 @@ class ModelCallError(RuntimeError):
     """A model called through BLS answered with an error."""
 
 
-def _request(pb_utils: Any, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> Any:
+def _request(
+    pb_utils: Any,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    request_id: str | None = None,
+) -> Any:
     tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
-    return pb_utils.InferenceRequest(model_name=model, requested_output_names=list(outputs), inputs=tensors)
+    extra = {} if request_id is None else {"request_id": request_id}
+    return pb_utils.InferenceRequest(
+        model_name=model, requested_output_names=list(outputs), inputs=tensors, **extra
+    )
 
 
 def _outputs(pb_utils: Any, model: str, response: Any, outputs: Sequence[str]) -> dict[str, np.ndarray]:
@@ -39,10 +48,14 @@ def _gpu_to_numpy(tensor: Any) -> np.ndarray:
 
 
 def call_model(
-    pb_utils: Any, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    pb_utils: Any,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    request_id: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """One request, one response."""
-    response = _request(pb_utils, model, inputs, outputs).exec()
+    """One request, one response; `request_id` ties calls together (a stream's token2wav calls)."""
+    response = _request(pb_utils, model, inputs, outputs, request_id).exec()
     return _outputs(pb_utils, model, response, outputs)
 
 

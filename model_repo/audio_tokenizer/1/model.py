@@ -13,6 +13,7 @@ from tritontts.audio import AudioLimits
 from tritontts.spark.codec import SparkCodec
 from tritontts.spark.service import RequestLimits, check_reference_wav
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.metrics import voice_cache_counters
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -27,17 +28,7 @@ class TritonPythonModel:
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=max_seconds))
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
-        self.families = {
-            kind: pb_utils.MetricFamily(
-                name=f"tritontts_voice_cache_{kind}_total",
-                description=f"reference audios whose tokens were {what}",
-                kind=pb_utils.MetricFamily.COUNTER,
-            )
-            for kind, what in (("hits", "found in the voice cache"), ("misses", "computed"))
-        }
-        self.hits, self.misses = (
-            self.families[k].Metric(labels={"model": config["name"]}) for k in ("hits", "misses")
-        )
+        self.hits, self.misses = voice_cache_counters(pb_utils, config["name"])
 
     def _reference(self, request):
         return check_reference_wav(waveform_input(pb_utils, request), self.limits)

@@ -1,0 +1,55 @@
+"""CosyVoice2 speech tokenizer: each request's reference audio → speech tokens + 151663 (upstream's ids).
+
+A voice cache (content hash → tokens) spares repeated reference audios; hits and misses are Triton metrics.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritontts.audio import AudioLimits
+from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, SPEECH_TOKENIZER_FILE, SpeechTokenizer
+from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
+from tritontts.spark.service import RequestLimits, check_reference_wav
+from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.metrics import voice_cache_counters
+from tritontts.triton.params import error_response, model_param, waveform_input
+from tritontts.voice_cache import VoiceCache, audio_key
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        enable_stack_dumps()
+        config = json.loads(args["model_config"])
+        model_dir = model_param(config, "model_dir")
+        self.tokenizer = SpeechTokenizer(
+            f"{model_dir}/{SPEECH_TOKENIZER_FILE}", model_param(config, "device", default="auto")
+        )
+        max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
+        self.limits = RequestLimits(audio=AudioLimits(max_seconds=min(max_seconds, 30.0)))
+        self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
+        self.hits, self.misses = voice_cache_counters(pb_utils, config["name"])
+
+    def _tokens(self, request):
+        wav = check_reference_wav(waveform_input(pb_utils, request), self.limits)
+        key = audio_key(wav, INPUT_SAMPLE_RATE, "cosyvoice2_speech_tokens")
+        tokens = self.cache.get(key)
+        if tokens is not None:
+            self.hits.increment(1)
+            return tokens
+        self.misses.increment(1)
+        tokens = self.tokenizer(wav).astype(np.int32) + ORIGINAL_VOCAB_SIZE
+        self.cache.put(key, tokens)
+        return tokens
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                tokens = self._tokens(request)
+                tensor = pb_utils.Tensor("prompt_speech_tokens", tokens.reshape(1, -1))
+                responses.append(pb_utils.InferenceResponse([tensor]))
+            except Exception as err:
+                responses.append(error_response(pb_utils, err))
+        return responses

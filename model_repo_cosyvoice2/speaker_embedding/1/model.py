@@ -1,0 +1,54 @@
+"""CAMPPlus speaker embedding of each request's 16 kHz reference audio, FP16 [192] as upstream sends it.
+
+A voice cache (content hash → embedding) spares repeated reference audios; hits and misses are Triton metrics.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritontts.audio import AudioLimits, check_waveform
+from tritontts.cosyvoice2.frontend import CAMPPLUS_FILE, INPUT_SAMPLE_RATE, SpeakerEmbedder
+from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.metrics import voice_cache_counters
+from tritontts.triton.params import error_response, model_param, required_input
+from tritontts.voice_cache import VoiceCache, audio_key
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        enable_stack_dumps()
+        config = json.loads(args["model_config"])
+        model_dir = model_param(config, "model_dir")
+        self.embedder = SpeakerEmbedder(
+            f"{model_dir}/{CAMPPLUS_FILE}", model_param(config, "device", default="auto")
+        )
+        self.limits = AudioLimits(
+            max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
+        )
+        self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
+        self.hits, self.misses = voice_cache_counters(pb_utils, config["name"])
+
+    def _embedding(self, request):
+        wav = required_input(pb_utils, request, "reference_wav", dtype=np.float32)
+        wav = check_waveform(wav, INPUT_SAMPLE_RATE, self.limits, "reference_wav")
+        key = audio_key(wav, INPUT_SAMPLE_RATE, "cosyvoice2_campplus")
+        embedding = self.cache.get(key)
+        if embedding is not None:
+            self.hits.increment(1)
+            return embedding
+        self.misses.increment(1)
+        embedding = self.embedder(wav).astype(np.float16)
+        self.cache.put(key, embedding)
+        return embedding
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                tensor = pb_utils.Tensor("prompt_spk_embedding", self._embedding(request).reshape(1, -1))
+                responses.append(pb_utils.InferenceResponse([tensor]))
+            except Exception as err:
+                responses.append(error_response(pb_utils, err))
+        return responses

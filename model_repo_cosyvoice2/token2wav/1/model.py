@@ -1,0 +1,74 @@
+"""CosyVoice2 token2wav (flow + HiFT), wire-compatible with upstream's `token2wav` model.
+
+Without prompt inputs, speaker "001" of spk2info.pt. With `token_offset`/`finalize`, one call of a stream keyed
+by the request id (its HiFT caches stay here until the finalize call), else one whole utterance.
+"""
+
+import json
+
+import torch
+import triton_python_backend_utils as pb_utils
+
+from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
+from tritontts.cosyvoice2.token2wav import Token2Wav
+from tritontts.cosyvoice2.wire import Token2WavInputs, parse_token2wav_inputs
+from tritontts.spark.codec import resolve_device
+from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.params import error_response, model_param, optional_input
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+INPUT_NAMES = (
+    "target_speech_tokens",
+    "prompt_speech_tokens",
+    "prompt_speech_feat",
+    "prompt_spk_embedding",
+    "token_offset",
+    "finalize",
+)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        enable_stack_dumps()
+        config = json.loads(args["model_config"])
+        model_dir = model_param(config, "model_dir")
+        device = resolve_device(model_param(config, "device", default="auto"))
+        dtype_name = model_param(config, "dtype", default="auto")
+        dtype = (
+            (torch.float16 if device.type == "cuda" else torch.float32)
+            if dtype_name == "auto"
+            else DTYPES[dtype_name]
+        )
+        self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype)
+        speakers = load_spk2info(f"{model_dir}/spk2info.pt")
+        self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))
+
+    def _audio(self, request):
+        arrays = {name: optional_input(pb_utils, request, name) for name in INPUT_NAMES}
+        inputs: Token2WavInputs = parse_token2wav_inputs(arrays, self.default)
+        if inputs.token_offset is None:
+            return self.model.offline(
+                inputs.target, inputs.prompt_tokens, inputs.prompt_feat, inputs.embedding
+            )
+        stream_id = request.request_id()
+        if not stream_id:
+            raise ValueError("token_offset needs a request id: a stream's calls are matched by it")
+        return self.model.stream(
+            stream_id,
+            inputs.target,
+            inputs.prompt_tokens,
+            inputs.prompt_feat,
+            inputs.embedding,
+            inputs.token_offset,
+            inputs.finalize,
+        )
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                audio = self._audio(request).float().cpu().numpy().reshape(1, -1)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
+            except Exception as err:
+                responses.append(error_response(pb_utils, err))
+        return responses

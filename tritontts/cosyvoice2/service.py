@@ -1,0 +1,176 @@
+"""The CosyVoice2 BLS without Triton: reference audio → voice prompt, LLM → speech tokens, token2wav → audio.
+
+The callables it is given reach the other models (through BLS calls under Triton, directly in tests):
+
+- `tokenize(wav_16k) -> int32 [n]`: speech tokens 0..6560 of a reference audio;
+- `embed(wav_16k) -> [192]`: its speaker embedding;
+- `generate(prompt_ids, sampling, streaming) -> Iterator[int32 ids]`: the LLM's new ids, in one piece or streamed;
+- `token2wav(tokens, voice, token_offset, finalize, stream_id) -> float32 audio`: tokens 0..6560 so far; with
+  `token_offset None` one offline call, else one call of a stream (upstream's `token2wav` inputs).
+
+A voice without features (`speech_feat None`) is the deployment's cached speaker: token2wav uses its own copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from tritontts.cosyvoice2.frontend import (
+    INPUT_SAMPLE_RATE,
+    PROMPT_MEL,
+    align_prompt_lengths,
+    prompt_speech_feat,
+)
+from tritontts.cosyvoice2.prompt import CosyVoice2Prompt
+from tritontts.cosyvoice2.spk2info import CachedSpeaker
+from tritontts.cosyvoice2.token2wav import StreamSchedule
+from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
+from tritontts.llm.sequence import SamplingParams
+from tritontts.spark.service import RequestLimits, TokenBudget, check_reference_wav, check_text
+from tritontts.triton.params import RequestError
+from tritontts.voice_cache import VoiceCache, audio_key
+
+SAMPLE_RATE = 24000
+TOKEN_RATE = 25
+
+
+@dataclass(frozen=True)
+class Voice:
+    text: str
+    speech_tokens: np.ndarray
+    """int32 `[n]`, 0..6560"""
+    speech_feat: np.ndarray | None = None
+    """fp32 `[2 n, 80]`; None for the deployment's cached speaker"""
+    embedding: np.ndarray | None = None
+    """fp32 `[192]`; None for the deployment's cached speaker"""
+
+    @classmethod
+    def cached(cls, speaker: CachedSpeaker) -> Voice:
+        return cls(speaker.prompt_text, speaker.speech_token[0].numpy().astype(np.int32))
+
+
+@dataclass(frozen=True)
+class CosyVoice2Request:
+    reference_wav: np.ndarray | None
+    reference_text: str
+    target_text: str
+    tokens: TokenBudget | None = None
+
+
+def check_request(
+    reference_wav: np.ndarray | None,
+    reference_text: str | None,
+    target_text: str,
+    limits: RequestLimits,
+    tokens: TokenBudget | None = None,
+) -> CosyVoice2Request:
+    """Both reference inputs or neither (then the cached speaker speaks); target_text is required."""
+    if reference_wav is None and reference_text is not None:
+        raise RequestError("reference_wav", "is required when reference_text is given")
+    if reference_wav is not None and reference_text is None:
+        raise RequestError("reference_text", "is required when reference_wav is given")
+    wav = None if reference_wav is None else check_reference_wav(reference_wav, limits)
+    text = "" if reference_text is None else check_text(reference_text, "reference_text", limits)
+    return CosyVoice2Request(wav, text, check_text(target_text, "target_text", limits), tokens)
+
+
+def prompt_features(wav_16k: np.ndarray, speech_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 24 kHz prompt mel of a reference and its tokens, cut to each other's length as upstream does."""
+    wav_24k = hann_sinc_resample(torch.from_numpy(wav_16k), INPUT_SAMPLE_RATE, PROMPT_MEL.sampling_rate)
+    tokens, feat = align_prompt_lengths(speech_tokens, prompt_speech_feat(wav_24k))
+    return tokens.astype(np.int32), feat
+
+
+Tokenize = Callable[[np.ndarray], np.ndarray]
+Embed = Callable[[np.ndarray], np.ndarray]
+Generate = Callable[[np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
+Token2WavCall = Callable[[np.ndarray, Voice, "int | None", "bool | None", str], np.ndarray]
+
+
+class CosyVoice2Service:
+    def __init__(
+        self,
+        prompter: CosyVoice2Prompt,
+        tokenize: Tokenize,
+        embed: Embed,
+        generate: Generate,
+        token2wav: Token2WavCall,
+        default_voice: Voice | None,
+        sampling: SamplingParams,
+        schedule: StreamSchedule | None = None,
+        limits: RequestLimits | None = None,
+        voice_cache_size: int = 256,
+    ) -> None:
+        self.prompter = prompter
+        self.tokenize = tokenize
+        self.embed = embed
+        self.generate = generate
+        self.token2wav = token2wav
+        self.default_voice = default_voice
+        self.sampling = sampling
+        self.schedule = schedule or StreamSchedule()
+        self.limits = limits or RequestLimits()
+        self.voices: VoiceCache[Voice] = VoiceCache(voice_cache_size)
+
+    def voice(self, request: CosyVoice2Request) -> Voice:
+        if request.reference_wav is None:
+            if self.default_voice is None:
+                raise RequestError("reference_wav", "is required: this deployment has no cached speaker")
+            return self.default_voice
+        wav = request.reference_wav
+        key = audio_key(wav, INPUT_SAMPLE_RATE, "cosyvoice2")
+        voice = self.voices.get(key)
+        if voice is None:
+            tokens, feat = prompt_features(wav, self.tokenize(wav))
+            voice = Voice("", tokens, feat, np.asarray(self.embed(wav), dtype=np.float32).reshape(-1))
+            self.voices.put(key, voice)
+        return replace(voice, text=request.reference_text)
+
+    def _speech(self, request: CosyVoice2Request, streaming: bool) -> tuple[Voice, Iterator[np.ndarray]]:
+        voice = self.voice(request)
+        prompt = np.asarray(
+            self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens), dtype=np.int32
+        )
+        sampling = self.sampling
+        if request.tokens is not None:
+            sampling = replace(
+                sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
+            )
+        return voice, self.generate(prompt, sampling, streaming)
+
+    def synthesize(self, request: CosyVoice2Request, request_id: str) -> np.ndarray:
+        voice, pieces = self._speech(request, streaming=False)
+        tokens = [t for ids in pieces for t in self.prompter.speech_tokens(ids.tolist())]
+        if not tokens:
+            raise RuntimeError("the LLM generated no speech tokens")
+        return self.token2wav(np.asarray(tokens, dtype=np.int32), voice, None, None, request_id)
+
+    def stream(self, request: CosyVoice2Request, request_id: str) -> Iterator[np.ndarray]:
+        """Audio chunks to play back to back (token2wav cross-fades them itself), as upstream's BLS sends them.
+
+        A chunk is vocoded once `token_offset + hop + pre_lookahead` tokens exist; the last call finalizes.
+        Closing this generator early closes the LLM stream, which cancels generation.
+        """
+        voice, pieces = self._speech(request, streaming=True)
+        tokens: list[int] = []
+        offset, index = 0, 0
+        try:
+            for ids in pieces:
+                tokens += self.prompter.speech_tokens(ids.tolist())
+                while len(tokens) >= self.schedule.next_boundary(offset, index):
+                    end = self.schedule.next_boundary(offset, index)
+                    chunk = np.asarray(tokens[:end], dtype=np.int32)
+                    yield self.token2wav(chunk, voice, offset, False, request_id)
+                    offset += self.schedule.hop_len(index)
+                    index += 1
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()
+        if not tokens:
+            raise RuntimeError("the LLM generated no speech tokens")
+        yield self.token2wav(np.asarray(tokens, dtype=np.int32), voice, offset, True, request_id)
