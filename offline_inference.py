@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""Benchmark the whole Spark-TTS pipeline in one process, no server: audio tokenizer → LLM → vocoder.
+"""Benchmark a whole TTS pipeline in one process, no server: Spark-TTS (audio tokenizer → LLM → vocoder) or
+CosyVoice2 (front end → LLM → token2wav).
 
     python offline_inference.py --model-dir Spark-TTS-0.5B --huggingface-dataset exp/bench_data \
         --split-name wenetspeech4tts --backend torch --batch-sizes 1,2,4,8,16 --log-dir exp/offline
+    python offline_inference.py --model cosyvoice2 --model-dir exp/cosyvoice2/checkpoint \
+        --huggingface-dataset yuekai/seed_tts_cosy2 --split-name wenetspeech4tts --log-dir exp/offline
 
 For each batch size the rows are grouped into batches; each batch's stages are timed on their own (the LLM
 generates all prompts of a batch together). The first batch of each batch size is first run once as a
 warm-up, timed apart and excluded from the totals. Writes every WAV to LOG_DIR/<backend>_bs<N>/<id>.wav,
-LOG_DIR/offline_<backend>.json and LOG_DIR/offline_<backend>.md, and prints the table.
+LOG_DIR/offline_<backend>.json and .md (cosyvoice2: offline_cosyvoice2_<backend>.json and .md), and prints
+the table.
 
---realistic-lengths makes every row generate exactly 50 tokens per second of its target text's expected
-duration (for synthetic checkpoints, which never emit their end token); otherwise --max-new-tokens caps
-generation and the end token stops it.
+--realistic-lengths makes every row generate exactly as many tokens as its target text's expected duration
+needs (50 per second for Spark-TTS, 25 for CosyVoice2; for synthetic checkpoints, which may not stop by
+themselves); otherwise --max-new-tokens caps generation (default 1500 for Spark-TTS, 750 for CosyVoice2, as
+upstream) and the end token stops it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from pathlib import Path
 from tritontts.bench.dataset import DatasetError, load_utterances
 from tritontts.bench.offline import (
     BACKENDS,
+    MODELS,
+    TOKEN2WAV_DTYPES,
     TRTLLM_MISSING,
     BackendUnavailable,
     OfflineSettings,
@@ -47,8 +54,12 @@ def batch_sizes(text: str) -> tuple[int, ...]:
 
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="spark_tts", help="which TTS pipeline")
     p.add_argument(
-        "--model-dir", required=True, help="Spark-TTS checkpoint (config.yaml, BiCodec/, LLM/, ...)"
+        "--model-dir",
+        required=True,
+        help="spark_tts: the checkpoint (config.yaml, BiCodec/, LLM/, ...); cosyvoice2: the folder holding "
+        "CosyVoice2-0.5B/ and cosyvoice2_llm/",
     )
     p.add_argument(
         "--huggingface-dataset",
@@ -65,12 +76,21 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default="exp/offline", help="where the WAVs, JSON and table go")
     p.add_argument("--compile", action="store_true", help="torch.compile the LLM's decode step (torch, hf)")
     p.add_argument(
-        "--max-new-tokens", type=int, default=1500, help="generation cap without --realistic-lengths"
+        "--token2wav-dtype",
+        choices=TOKEN2WAV_DTYPES,
+        default="auto",
+        help="cosyvoice2 flow dtype; auto: float16 on CUDA, float32 on CPU (HiFT: float32)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="generation cap without --realistic-lengths (default 1500 spark_tts, 750 cosyvoice2)",
     )
     p.add_argument(
         "--realistic-lengths",
         action="store_true",
-        help="generate exactly 50 tokens per expected second of each target text",
+        help="generate exactly 50 (spark_tts) or 25 (cosyvoice2) tokens per expected second of each target text",
     )
     p.add_argument("--limit-rows", type=int, default=None, help="use only the first N rows")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -87,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {TRTLLM_MISSING}", file=sys.stderr)
         return 2
     settings = OfflineSettings(
+        model=args.model,
         model_dir=Path(args.model_dir),
         backend=args.backend,
         batch_sizes=args.batch_sizes,
@@ -98,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         max_seq_len=args.max_seq_len,
         engine_dir=Path(args.engine_dir) if args.engine_dir else None,
+        token2wav_dtype=args.token2wav_dtype,
     )
     try:
         rows = load_utterances(args.huggingface_dataset, args.split_name)

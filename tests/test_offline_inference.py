@@ -1,4 +1,5 @@
-"""offline_inference.py on the tiny synthetic checkpoint: WAVs, report arithmetic, forced lengths, backends."""
+"""offline_inference.py on the tiny synthetic checkpoints (Spark-TTS, CosyVoice2): WAVs, report arithmetic, forced
+lengths, backends."""
 
 from __future__ import annotations
 
@@ -187,3 +188,74 @@ def test_runtime_does_not_import_transformers():
         "sys.exit(str(bad) if bad else 0)"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+COSYVOICE2_SAMPLES_PER_TOKEN = 2 * 480  # two 24 kHz mel frames of 480 samples per speech token
+
+
+@pytest.fixture(scope="module")
+def cosyvoice2_tiny_dir(tmp_path_factory) -> Path:
+    from tritontts.synthetic.cosyvoice2 import write_cosyvoice2_checkpoint
+
+    return write_cosyvoice2_checkpoint(tmp_path_factory.mktemp("cosyvoice2_tiny"), "tiny", 0).root
+
+
+def _run_cosyvoice2(model_root: Path, dataset: Path, log_dir: Path, *extra: str) -> dict:
+    rc = _run(model_root, dataset, log_dir, "--model", "cosyvoice2", *extra)
+    assert rc == 0
+    backend = extra[extra.index("--backend") + 1] if "--backend" in extra else "torch"
+    return json.loads((log_dir / f"offline_cosyvoice2_{backend}.json").read_text())
+
+
+def test_cosyvoice2_realistic_lengths_give_24k_audio_of_25_tokens_per_second(
+    cosyvoice2_tiny_dir, dataset, tmp_path
+):
+    report = _run_cosyvoice2(
+        cosyvoice2_tiny_dir, dataset, tmp_path, "--batch-sizes", "2", "--realistic-lengths"
+    )
+    assert (report["model"], report["stages"]) == ("cosyvoice2", ["frontend", "llm", "token2wav"])
+    assert report["token2wav_dtype"] == "float32" and report["settings"]["token_rate"] == 25
+    assert report["settings"]["sampling"]["repetition_penalty"] == pytest.approx(1.1)
+    (result,) = report["results"]
+    assert (result["rows"], result["batches"]) == (3, 2)
+    stages = result["frontend_s"] + result["llm_s"] + result["token2wav_s"]
+    assert 0 < stages <= result["wall_s"]
+    assert result["rtf"] == pytest.approx(result["wall_s"] / result["audio_s"])
+    by_id = {r["id"]: r for r in result["records"]}
+    for i, text in enumerate(TARGETS):
+        record = by_id[f"u{i}"]
+        assert record["forced_tokens"] == record["tokens"] == expected_tokens(text, 25)
+        assert record["speech_tokens"] == record["tokens"]
+        wav, rate = soundfile.read(tmp_path / "torch_bs2" / f"u{i}.wav")
+        assert rate == 24000 and len(wav) == COSYVOICE2_SAMPLES_PER_TOKEN * record["speech_tokens"]
+    assert result["speech_tokens"] == sum(r["speech_tokens"] for r in result["records"])
+    table = (tmp_path / "offline_cosyvoice2_torch.md").read_text().splitlines()
+    assert table[0].startswith(
+        "| Backend | Batch size | Rows | Audio s | Wall s | RTF | Front end s | LLM s |"
+    )
+    assert "| Token2wav s |" in table[0] and table[2].startswith("| torch | 2 | 3 |")
+
+
+def test_cosyvoice2_hf_backend_stops_at_the_cap(cosyvoice2_tiny_dir, dataset, tmp_path):
+    report = _run_cosyvoice2(
+        cosyvoice2_tiny_dir,
+        dataset,
+        tmp_path,
+        "--backend",
+        "hf",
+        "--batch-sizes",
+        "3",
+        "--max-new-tokens",
+        "4",
+    )
+    (result,) = report["results"]
+    assert all(0 < r["tokens"] <= 4 for r in result["records"])
+    for record in result["records"]:
+        wav, rate = soundfile.read(record["wav"])
+        assert rate == 24000 and len(wav) == COSYVOICE2_SAMPLES_PER_TOKEN * record["speech_tokens"]
+
+
+def test_cosyvoice2_model_dir_must_hold_both_folders(spark_tiny_dir, dataset, tmp_path, capsys):
+    assert _run(spark_tiny_dir, dataset, tmp_path, "--model", "cosyvoice2") == 1
+    err = capsys.readouterr().err
+    assert "CosyVoice2-0.5B" in err and "cosyvoice2_llm" in err

@@ -1,5 +1,6 @@
-"""The whole Spark-TTS pipeline in one process, no server: audio tokenizer → LLM → vocoder, batch by batch,
-each stage timed on its own, for one LLM backend at several batch sizes.
+"""A whole TTS pipeline in one process, no server, batch by batch, each stage timed on its own, for one LLM
+backend at several batch sizes. The model's own parts live in `offline_spark` and `offline_cosyvoice2`; this
+module holds what they share: settings, timing records, the LLM backends, the batch loop and the report.
 
 Backends: `torch` (our engine, all prompts of a batch in flight together), `hf` (transformers'
 `Qwen2ForCausalLM.generate`, left-padded) and `trtllm` (TensorRT-LLM's `ModelRunnerCpp`). Each returns, per
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import soundfile
@@ -23,23 +25,11 @@ from tritontts.bench.dataset import Utterance
 from tritontts.bench.durations import expected_tokens
 from tritontts.dsp.resample import resample
 from tritontts.llm.config import Qwen2Config
-from tritontts.spark.codec import SparkCodec, resolve_device
-from tritontts.spark.service import SAMPLE_RATE, TOKEN_RATE, SparkPrompter
+from tritontts.spark.codec import resolve_device
 
 BACKENDS = ("torch", "hf", "trtllm")
-TEMPERATURE, TOP_K, TOP_P = 0.8, 50, 0.95
-TABLE_COLUMNS = (
-    "Backend",
-    "Batch size",
-    "Rows",
-    "Audio s",
-    "Wall s",
-    "RTF",
-    "Tokenizer s",
-    "LLM s",
-    "Vocoder s",
-    "LLM tok/s",
-)
+MODELS = ("spark_tts", "cosyvoice2")
+TOKEN2WAV_DTYPES = ("auto", "float32", "float16", "bfloat16")
 WARMUP_NOTE = (
     "before the measured pass of each batch size, its first batch is run once as a warm-up (CUDA graph "
     "capture, compilation, first-call costs); the warm-up is timed separately under `warmup` and excluded "
@@ -60,6 +50,26 @@ class BackendUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Decoding:
+    """What every backend samples with, and the ids that end and pad a sequence."""
+
+    end_id: int
+    pad_id: int
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 0.95
+    repetition_penalty: float = 1.0
+
+    def sampling(self) -> dict:
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
+
+
+@dataclass(frozen=True)
 class OfflineSettings:
     model_dir: Path
     backend: str = "torch"
@@ -67,15 +77,24 @@ class OfflineSettings:
     device: str = "auto"
     dtype: str = "auto"
     compile: bool = False
-    max_new_tokens: int = 1500
+    max_new_tokens: int | None = None
+    """None: the model's default (1500 for Spark-TTS, 750 for CosyVoice2, as upstream)"""
     realistic_lengths: bool = False
     seed: int = 0
     max_seq_len: int | None = None
     engine_dir: Path | None = None
+    model: str = "spark_tts"
+    token2wav_dtype: str = "auto"
+    """cosyvoice2 flow: auto (float16 on CUDA as upstream, float32 on CPU) | float32 | float16 | bfloat16"""
 
-    @property
-    def llm_dir(self) -> Path:
-        return Path(self.model_dir) / "LLM"
+
+@dataclass(frozen=True)
+class StageNames:
+    """How a model's report names its first and last stage and the tokens its decoder turns into audio."""
+
+    front: str
+    back: str
+    speech_tokens: str
 
 
 @dataclass
@@ -83,17 +102,29 @@ class StageTimes:
     """Seconds of one batch (or the sum over batches)."""
 
     rows: int = 0
-    tokenizer_s: float = 0.0
+    front_s: float = 0.0
     llm_s: float = 0.0
-    vocoder_s: float = 0.0
+    back_s: float = 0.0
     wall_s: float = 0.0
     tokens: int = 0
-    semantic_tokens: int = 0
+    speech_tokens: int = 0
     audio_s: float = 0.0
 
     def add(self, other: StageTimes) -> None:
         for name, value in asdict(other).items():
             setattr(self, name, getattr(self, name) + value)
+
+    def named(self, names: StageNames) -> dict:
+        return {
+            "rows": self.rows,
+            f"{names.front}_s": self.front_s,
+            "llm_s": self.llm_s,
+            f"{names.back}_s": self.back_s,
+            "wall_s": self.wall_s,
+            "tokens": self.tokens,
+            names.speech_tokens: self.speech_tokens,
+            "audio_s": self.audio_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -101,10 +132,33 @@ class RowResult:
     id: str
     batch: int
     tokens: int
-    semantic_tokens: int
+    speech_tokens: int
     forced_tokens: int | None
     audio_s: float
     wav: str
+
+    def named(self, names: StageNames) -> dict:
+        record = asdict(self)
+        record[names.speech_tokens] = record.pop("speech_tokens")
+        return record
+
+
+class OfflinePipeline(Protocol):
+    """One model's front end, LLM backend and decoder; `run_batch` does one batch and times its stages."""
+
+    names: StageNames
+    sample_rate: int
+    """of the audio it returns"""
+    token_rate: int
+    """speech tokens per second of audio, for --realistic-lengths"""
+    decoding: Decoding
+    max_seq_len: int
+
+    def run_batch(
+        self, rows: Sequence[Utterance], wavs: Sequence[np.ndarray], forced: Sequence[int | None]
+    ) -> tuple[list[np.ndarray], list[list[int]], StageTimes]: ...
+
+    def speech_token_count(self, generated: list[int]) -> int: ...
 
 
 @dataclass
@@ -115,9 +169,9 @@ class BatchSizeResult:
     warmup: StageTimes
     rows: list[RowResult] = field(default_factory=list)
 
-    def summary(self) -> dict:
+    def summary(self, names: StageNames) -> dict:
         t = self.totals
-        stages = {"tokenizer": t.tokenizer_s, "llm": t.llm_s, "vocoder": t.vocoder_s}
+        stages = {names.front: t.front_s, "llm": t.llm_s, names.back: t.back_s}
         return {
             "batch_size": self.batch_size,
             "rows": t.rows,
@@ -125,15 +179,13 @@ class BatchSizeResult:
             "wall_s": t.wall_s,
             "audio_s": t.audio_s,
             "rtf": t.wall_s / t.audio_s if t.audio_s > 0 else None,
-            "tokenizer_s": t.tokenizer_s,
-            "llm_s": t.llm_s,
-            "vocoder_s": t.vocoder_s,
+            **{f"{name}_s": seconds for name, seconds in stages.items()},
             "share": {k: v / t.wall_s if t.wall_s > 0 else None for k, v in stages.items()},
             "tokens": t.tokens,
-            "semantic_tokens": t.semantic_tokens,
+            names.speech_tokens: t.speech_tokens,
             "llm_tokens_per_s": t.tokens / t.llm_s if t.llm_s > 0 else None,
-            "warmup": asdict(self.warmup),
-            "records": [asdict(r) for r in self.rows],
+            "warmup": self.warmup.named(names),
+            "records": [r.named(names) for r in self.rows],
         }
 
 
@@ -151,6 +203,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(device: torch.device, fn: Callable, *args):
+    """`fn(*args)` and its seconds, the device synchronized on both sides."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn(*args)
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -161,92 +222,30 @@ def batches_of(items: Sequence, size: int) -> list[list]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
-def to_model_rate(rows: Sequence[Utterance]) -> list[np.ndarray]:
+def to_rate(rows: Sequence[Utterance], sample_rate: int) -> list[np.ndarray]:
     return [
         np.asarray(
             u.prompt_audio
-            if u.sample_rate == SAMPLE_RATE
-            else resample(u.prompt_audio, u.sample_rate, SAMPLE_RATE),
+            if u.sample_rate == sample_rate
+            else resample(u.prompt_audio, u.sample_rate, sample_rate),
             dtype=np.float32,
         )
         for u in rows
     ]
 
 
-def forced_token_counts(rows: Sequence[Utterance], realistic: bool) -> list[int | None]:
-    return [expected_tokens(u.target_text, TOKEN_RATE) if realistic else None for u in rows]
-
-
-def plan_max_seq_len(rows: Sequence[Utterance], prompter: SparkPrompter, max_new_tokens: int) -> int:
-    """Room for the longest prompt (text + 34 markers and global tokens + one semantic token per 320
-    samples of reference audio, with some slack) plus the generated tokens, rounded up to 256."""
-    longest = 0
-    for u in rows:
-        text = len(prompter.tokenizer.encode(u.prompt_text + u.target_text, add_special_tokens=False).ids)
-        reference = len(u.prompt_audio) * SAMPLE_RATE // (u.sample_rate * 320) + 2
-        longest = max(longest, text + reference + 40)
-    return -(-(longest + max_new_tokens) // 256) * 256
-
-
-class Pipeline:
-    """Codec, prompter and one LLM backend; `run_batch` does one batch and times its stages."""
-
-    def __init__(self, codec: SparkCodec, prompter: SparkPrompter, generate: Generate) -> None:
-        self.codec = codec
-        self.prompter = prompter
-        self.generate = generate
-        self.device = codec.device
-
-    def _timed(self, fn, *args):
-        synchronize(self.device)
-        start = time.perf_counter()
-        out = fn(*args)
-        synchronize(self.device)
-        return out, time.perf_counter() - start
-
-    def run_batch(
-        self, rows: Sequence[Utterance], wavs: Sequence[np.ndarray], forced: Sequence[int | None]
-    ) -> tuple[list[np.ndarray], list[list[int]], StageTimes]:
-        synchronize(self.device)
-        start = time.perf_counter()
-        voices, tokenizer_s = self._timed(self.codec.tokenize, list(wavs))
-        prompts = [
-            self.prompter.prompt_ids(u.prompt_text, u.target_text, v)
-            for u, v in zip(rows, voices, strict=True)
-        ]
-        generated, llm_s = self._timed(self.generate, prompts, list(forced))
-        semantic = [self.prompter.ids.semantic_ids(ids) for ids in generated]
-        speaking = [i for i, s in enumerate(semantic) if s]
-        audio = [np.zeros(0, dtype=np.float32) for _ in rows]
-        vocoder_s = 0.0
-        if speaking:
-            globals_ = [voices[i].global_tokens for i in speaking]
-            semantics = [np.asarray(semantic[i], dtype=np.int64) for i in speaking]
-            vocoded, vocoder_s = self._timed(self.codec.detokenize, globals_, semantics)
-            for i, wav in zip(speaking, vocoded, strict=True):
-                audio[i] = wav
-        synchronize(self.device)
-        times = StageTimes(
-            rows=len(rows),
-            tokenizer_s=tokenizer_s,
-            llm_s=llm_s,
-            vocoder_s=vocoder_s,
-            wall_s=time.perf_counter() - start,
-            tokens=sum(len(g) for g in generated),
-            semantic_tokens=sum(len(s) for s in semantic),
-            audio_s=sum(len(a) for a in audio) / self.codec.sample_rate,
-        )
-        return audio, generated, times
+def forced_token_counts(rows: Sequence[Utterance], realistic: bool, token_rate: int) -> list[int | None]:
+    return [expected_tokens(u.target_text, token_rate) if realistic else None for u in rows]
 
 
 def run_batch_size(
-    pipeline: Pipeline,
+    pipeline: OfflinePipeline,
     rows: Sequence[Utterance],
+    wavs: Sequence[np.ndarray],
     batch_size: int,
     forced: Sequence[int | None],
     wav_dir: Path,
 ) -> BatchSizeResult:
-    wavs = to_model_rate(rows)
     indices = batches_of(range(len(rows)), batch_size)
     first = indices[0]
     _, _, warmup = pipeline.run_batch(
@@ -262,15 +261,15 @@ def run_batch_size(
         result.totals.add(times)
         for i, u, wav, ids in zip(batch, batch_rows, audio, generated, strict=True):
             path = wav_dir / f"{u.id}.wav"
-            soundfile.write(path, wav, pipeline.codec.sample_rate)
+            soundfile.write(path, wav, pipeline.sample_rate)
             result.rows.append(
                 RowResult(
                     id=u.id,
                     batch=number,
                     tokens=len(ids),
-                    semantic_tokens=len(pipeline.prompter.ids.semantic_ids(ids)),
+                    speech_tokens=pipeline.speech_token_count(ids),
                     forced_tokens=forced[i],
-                    audio_s=len(wav) / pipeline.codec.sample_rate,
+                    audio_s=len(wav) / pipeline.sample_rate,
                     wav=str(path),
                 )
             )
@@ -279,16 +278,18 @@ def run_batch_size(
 
 def torch_backend(
     settings: OfflineSettings,
-    prompter: SparkPrompter,
+    llm_dir: Path,
+    decoding: Decoding,
     device: torch.device,
     dtype: torch.dtype,
     max_seq_len: int,
+    max_new_tokens: int,
 ) -> Generate:
     from tritontts.llm.engine import LLMEngine
     from tritontts.llm.sequence import SamplingParams
 
     engine = LLMEngine.from_pretrained(
-        settings.llm_dir,
+        llm_dir,
         device=device,
         dtype=dtype,
         max_batch_size=max(settings.batch_sizes),
@@ -301,14 +302,12 @@ def torch_backend(
     def generate(prompts: list[np.ndarray], forced: list[int | None]) -> list[list[int]]:
         params = [
             SamplingParams(
-                max_tokens=n or settings.max_new_tokens,
+                max_tokens=n or max_new_tokens,
                 min_tokens=n or 0,
-                temperature=TEMPERATURE,
-                top_k=TOP_K,
-                top_p=TOP_P,
                 seed=settings.seed * 1_000_003 + next(counter),
-                end_id=prompter.end_id,
-                pad_id=prompter.pad_id,
+                end_id=decoding.end_id,
+                pad_id=decoding.pad_id,
+                **decoding.sampling(),
             )
             for n in forced
         ]
@@ -341,16 +340,21 @@ def _until_end(ids: list[int], end_id: int, limit: int | None) -> list[int]:
 
 
 def hf_backend(
-    settings: OfflineSettings, prompter: SparkPrompter, device: torch.device, dtype: torch.dtype
+    settings: OfflineSettings,
+    llm_dir: Path,
+    decoding: Decoding,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_new_tokens: int,
 ) -> Generate:
     """Rows of a batch with fewer forced tokens than the batch's longest are generated as far as the longest
     (as `generate` does for every static batch) and cut to their own count."""
     from transformers import Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM.from_pretrained(str(settings.llm_dir), dtype=dtype).to(device).eval()
+    model = Qwen2ForCausalLM.from_pretrained(str(llm_dir), dtype=dtype).to(device).eval()
     if settings.compile:
         model.forward = torch.compile(model.forward)
-    end_id, pad_id = prompter.end_id, prompter.pad_id
+    end_id, pad_id = decoding.end_id, decoding.pad_id
 
     @torch.inference_mode()
     def generate(prompts: list[np.ndarray], forced: list[int | None]) -> list[list[int]]:
@@ -362,12 +366,10 @@ def hf_backend(
             input_ids=ids,
             attention_mask=mask,
             do_sample=True,
-            temperature=TEMPERATURE,
-            top_k=TOP_K,
-            top_p=TOP_P,
-            max_new_tokens=longest or settings.max_new_tokens,
+            max_new_tokens=longest or max_new_tokens,
             eos_token_id=end_id,
             pad_token_id=pad_id,
+            **decoding.sampling(),
             **lengths,
         )
         new = out[:, ids.shape[1] :].tolist()
@@ -384,7 +386,7 @@ def trtllm_available() -> bool:
     return True
 
 
-def trtllm_backend(settings: OfflineSettings, prompter: SparkPrompter) -> Generate:
+def trtllm_backend(settings: OfflineSettings, decoding: Decoding, max_new_tokens: int) -> Generate:
     """Like `hf`, a batch runs as far as its longest forced count; rows are cut to their own."""
     if not trtllm_available():
         raise BackendUnavailable(TRTLLM_MISSING)
@@ -395,23 +397,21 @@ def trtllm_backend(settings: OfflineSettings, prompter: SparkPrompter) -> Genera
     runner = ModelRunnerCpp.from_dir(
         engine_dir=str(settings.engine_dir), max_batch_size=max(settings.batch_sizes)
     )
-    end_id, pad_id = prompter.end_id, prompter.pad_id
+    end_id, pad_id = decoding.end_id, decoding.pad_id
 
     @torch.inference_mode()
     def generate(prompts: list[np.ndarray], forced: list[int | None]) -> list[list[int]]:
         longest = max((n for n in forced if n is not None), default=None)
         out = runner.generate(
             batch_input_ids=[torch.from_numpy(np.asarray(p, dtype=np.int32)) for p in prompts],
-            max_new_tokens=longest or settings.max_new_tokens,
+            max_new_tokens=longest or max_new_tokens,
             min_length=longest or 1,
             end_id=end_id,
             pad_id=pad_id,
-            temperature=TEMPERATURE,
-            top_k=TOP_K,
-            top_p=TOP_P,
             random_seed=settings.seed,
             return_dict=True,
             output_sequence_lengths=True,
+            **decoding.sampling(),
         )
         ids, lengths = out["output_ids"], out["sequence_lengths"]
         rows = [ids[i, 0, len(p) : int(lengths[i, 0])].tolist() for i, p in enumerate(prompts)]
@@ -420,24 +420,43 @@ def trtllm_backend(settings: OfflineSettings, prompter: SparkPrompter) -> Genera
     return generate
 
 
+def llm_backend(
+    settings: OfflineSettings,
+    llm_dir: Path,
+    decoding: Decoding,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_seq_len: int,
+    max_new_tokens: int,
+) -> Generate:
+    if settings.backend == "torch":
+        return torch_backend(settings, llm_dir, decoding, device, dtype, max_seq_len, max_new_tokens)
+    if settings.backend == "hf":
+        return hf_backend(settings, llm_dir, decoding, device, dtype, max_new_tokens)
+    return trtllm_backend(settings, decoding, max_new_tokens)
+
+
 def environment(
-    settings: OfflineSettings, device: torch.device, dtype: torch.dtype, max_seq_len: int
+    settings: OfflineSettings, pipeline: OfflinePipeline, device: torch.device, extra: dict
 ) -> dict:
+    names = pipeline.names
     return {
+        "model": settings.model,
         "backend": settings.backend,
         "device": str(device),
         "device_name": device_name(device),
         "torch_version": torch.__version__,
-        "dtype": str(dtype).removeprefix("torch."),
-        "codec_dtype": "float32",
+        **extra,
         "settings": {
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
-            "max_seq_len": max_seq_len,
-            "sampling": {"temperature": TEMPERATURE, "top_k": TOP_K, "top_p": TOP_P},
-            "token_rate": TOKEN_RATE,
+            "max_seq_len": pipeline.max_seq_len,
+            "sampling": pipeline.decoding.sampling(),
+            "token_rate": pipeline.token_rate,
+            "sample_rate": pipeline.sample_rate,
         },
+        "stages": [names.front, "llm", names.back],
         "timing": (
-            "wall_s: a batch from its audio tokenizer call to its last vocoded sample (prompt building "
+            f"wall_s: a batch from its {names.front} call to its last {names.back} sample (prompt building "
             "included, WAV writing excluded), torch.cuda.synchronize() around every stage on CUDA; rtf = "
             "wall_s / audio_s; llm_tokens_per_s = tokens / llm_s. With --realistic-lengths, the hf and trtllm "
             "backends run every row of a batch to the batch's largest forced count (static batching) and cut "
@@ -449,6 +468,8 @@ def environment(
 
 def run_offline(settings: OfflineSettings, rows: Sequence[Utterance], log_dir: Path) -> dict:
     """Every batch size over `rows`; writes WAVs under `log_dir/<backend>_bs<N>/`, returns the report dict."""
+    if settings.model not in MODELS:
+        raise ValueError(f"unknown model {settings.model!r}; choose from {MODELS}")
     if settings.backend not in BACKENDS:
         raise ValueError(f"unknown backend {settings.backend!r}; choose from {BACKENDS}")
     if settings.backend == "trtllm" and not trtllm_available():
@@ -456,32 +477,46 @@ def run_offline(settings: OfflineSettings, rows: Sequence[Utterance], log_dir: P
     if not rows:
         raise ValueError("no rows to synthesize")
     device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device, settings.llm_dir)
-    prompter = SparkPrompter(settings.llm_dir)
-    forced = forced_token_counts(rows, settings.realistic_lengths)
-    most = max((n for n in forced if n is not None), default=settings.max_new_tokens)
-    max_seq_len = settings.max_seq_len or plan_max_seq_len(rows, prompter, most)
-    codec = SparkCodec(settings.model_dir, device)
-    if settings.backend == "torch":
-        generate = torch_backend(settings, prompter, device, dtype, max_seq_len)
-    elif settings.backend == "hf":
-        generate = hf_backend(settings, prompter, device, dtype)
+    if settings.model == "spark_tts":
+        from tritontts.bench.offline_spark import create_pipeline
     else:
-        generate = trtllm_backend(settings, prompter)
-    pipeline = Pipeline(codec, prompter, generate)
+        from tritontts.bench.offline_cosyvoice2 import create_pipeline
+    pipeline, input_rate, extra = create_pipeline(settings, rows, device)
+    wavs = to_rate(rows, input_rate)
+    forced = forced_token_counts(rows, settings.realistic_lengths, pipeline.token_rate)
     results = [
-        run_batch_size(pipeline, rows, bs, forced, Path(log_dir) / f"{settings.backend}_bs{bs}")
+        run_batch_size(pipeline, rows, wavs, bs, forced, Path(log_dir) / f"{settings.backend}_bs{bs}")
         for bs in settings.batch_sizes
     ]
-    return {**environment(settings, device, dtype, max_seq_len), "results": [r.summary() for r in results]}
+    return {
+        **environment(settings, pipeline, device, extra),
+        "results": [r.summary(pipeline.names) for r in results],
+    }
 
 
 def _num(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _title(stage: str) -> str:
+    return {"frontend": "Front end", "token2wav": "Token2wav"}.get(stage, stage.capitalize())
+
+
 def markdown_table(report: dict) -> str:
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    front, _, back = report["stages"]
+    columns = (
+        "Backend",
+        "Batch size",
+        "Rows",
+        "Audio s",
+        "Wall s",
+        "RTF",
+        f"{_title(front)} s",
+        "LLM s",
+        f"{_title(back)} s",
+        "LLM tok/s",
+    )
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in report["results"]:
         cells = (
             report["backend"],
@@ -490,9 +525,9 @@ def markdown_table(report: dict) -> str:
             _num(r["audio_s"], 2),
             _num(r["wall_s"]),
             _num(r["rtf"], 4),
-            _num(r["tokenizer_s"]),
+            _num(r[f"{front}_s"]),
             _num(r["llm_s"]),
-            _num(r["vocoder_s"]),
+            _num(r[f"{back}_s"]),
             _num(r["llm_tokens_per_s"], 1),
         )
         lines.append("| " + " | ".join(cells) + " |")
@@ -500,12 +535,12 @@ def markdown_table(report: dict) -> str:
 
 
 def write_outputs(report: dict, log_dir: Path) -> dict[str, Path]:
+    """`offline_<backend>.json` and `.md` (Spark-TTS), `offline_<model>_<backend>.*` for other models."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "json": log_dir / f"offline_{report['backend']}.json",
-        "markdown": log_dir / f"offline_{report['backend']}.md",
-    }
+    model = report.get("model", "spark_tts")
+    stem = f"offline_{report['backend']}" if model == "spark_tts" else f"offline_{model}_{report['backend']}"
+    paths = {"json": log_dir / f"{stem}.json", "markdown": log_dir / f"{stem}.md"}
     paths["json"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     paths["markdown"].write_text(markdown_table(report))
     return paths
