@@ -1,9 +1,11 @@
-"""Benchmark data in the `yuekai/seed_tts` schema: loading it from the hub, from local copies or from a
-manifest, and writing a local copy.
+"""Benchmark data in the `yuekai/seed_tts` and `yuekai/seed_tts_cosy2` schemas: loading it from the hub, from
+local copies or from a manifest, and writing a local copy.
 
 A row has `id`, `prompt_text`, `prompt_audio` (a datasets Audio value: {"array", "sampling_rate"} when
-decoded, {"bytes", "path"} when not) and `target_text`. A manifest is upstream's text format, one
-`id|prompt_text|prompt_wav|target_text` per line, wav paths relative to the manifest's folder.
+decoded, {"bytes", "path"} when not) and `target_text`. The cosy2 schema adds `prompt_audio_cosy2_tokens` and
+`target_audio_cosy2_tokens`: CosyVoice2 speech tokens (0..6560, 25 per second) of the prompt audio and of the
+recorded target, as upstream's scripts read them; they are kept when present. A manifest is upstream's text
+format, one `id|prompt_text|prompt_wav|target_text` per line, wav paths relative to the manifest's folder.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 import soundfile
 
 COLUMNS = ("id", "prompt_text", "prompt_audio", "target_text")
+COSY2_TOKEN_COLUMNS = ("prompt_audio_cosy2_tokens", "target_audio_cosy2_tokens")
+READ_COLUMNS = (*COLUMNS, *COSY2_TOKEN_COLUMNS)
 MANIFEST_NAME = "manifest.txt"
 LOCAL_DATA_HINT = (
     "run `python scripts/make_benchmark_data.py` and pass --huggingface-dataset <its output dir>"
@@ -36,6 +40,10 @@ class Utterance:
     prompt_audio: np.ndarray
     sample_rate: int
     target_text: str
+    prompt_tokens: np.ndarray | None = None
+    """int32 CosyVoice2 speech tokens of the prompt audio (cosy2 schema only)"""
+    target_tokens: np.ndarray | None = None
+    """int32 CosyVoice2 speech tokens of the recorded target (cosy2 schema only)"""
 
 
 def decode_audio(value: dict | str | Path) -> tuple[np.ndarray, int]:
@@ -52,6 +60,16 @@ def decode_audio(value: dict | str | Path) -> tuple[np.ndarray, int]:
     return wav[:, 0], int(rate)
 
 
+def _tokens(row: dict, column: str) -> np.ndarray | None:
+    value = row.get(column)
+    if value is None:
+        return None
+    tokens = np.asarray(value)
+    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+        raise DatasetError(f"row {row['id']}: {column} must be a list of integers")
+    return tokens.astype(np.int32)
+
+
 def from_rows(rows: Iterable[dict]) -> list[Utterance]:
     utterances = []
     for row in rows:
@@ -61,7 +79,18 @@ def from_rows(rows: Iterable[dict]) -> list[Utterance]:
                 f"dataset row lacks column(s) {missing}; the seed_tts schema needs {list(COLUMNS)}"
             )
         wav, rate = decode_audio(row["prompt_audio"])
-        utterances.append(Utterance(str(row["id"]), row["prompt_text"], wav, rate, row["target_text"]))
+        prompt_tokens, target_tokens = (_tokens(row, c) for c in COSY2_TOKEN_COLUMNS)
+        utterances.append(
+            Utterance(
+                str(row["id"]),
+                row["prompt_text"],
+                wav,
+                rate,
+                row["target_text"],
+                prompt_tokens,
+                target_tokens,
+            )
+        )
     return utterances
 
 
@@ -135,8 +164,8 @@ def _read_saved(folder: Path, split: str):
 
 
 def _from_table(table) -> list[Utterance]:
-    """Only the schema's columns are read: copies may hold more (such as audio of the targets)."""
-    return from_rows(table.select([c for c in COLUMNS if c in table.column_names]).to_pylist())
+    """Only the schemas' columns are read: copies may hold more (such as audio of the targets)."""
+    return from_rows(table.select([c for c in READ_COLUMNS if c in table.column_names]).to_pylist())
 
 
 def load_utterances(source: str | Path, split: str) -> list[Utterance]:
@@ -171,7 +200,7 @@ def load_hub(name: str, split: str) -> list[Utterance]:
             f"cannot load '{name}' split '{split}' from the Hugging Face hub ({reason}); {LOCAL_DATA_HINT}"
         ) from error
     # Undecoded, so that soundfile reads the audio and no audio backend of `datasets` (torchcodec) is needed.
-    dataset = dataset.select_columns([c for c in COLUMNS if c in dataset.column_names])
+    dataset = dataset.select_columns([c for c in READ_COLUMNS if c in dataset.column_names])
     return from_rows(dataset.cast_column("prompt_audio", datasets.Audio(decode=False)))
 
 
@@ -197,32 +226,45 @@ HF_FEATURES = {
     "prompt_audio": {"_type": "Audio"},
     "target_text": {"dtype": "string", "_type": "Value"},
 }
+HF_TOKEN_FEATURE = {"feature": {"dtype": "int32", "_type": "Value"}, "_type": "Sequence"}
+
+
+def is_cosy2(utterances: Sequence[Utterance]) -> bool:
+    """Whether every row carries both token columns of the seed_tts_cosy2 schema."""
+    return bool(utterances) and all(
+        u.prompt_tokens is not None and u.target_tokens is not None for u in utterances
+    )
 
 
 def to_arrow_table(utterances: Sequence[Utterance]):
-    """The rows as an arrow table in the seed_tts schema, audio as WAV bytes, with the `huggingface`
-    schema metadata that makes `datasets` read `prompt_audio` as an Audio column."""
+    """The rows as an arrow table in the seed_tts schema (seed_tts_cosy2 when every row has both token
+    lists), audio as WAV bytes, with the `huggingface` schema metadata that makes `datasets` read
+    `prompt_audio` as an Audio column."""
     pa = _import_pyarrow()
     audio = []
     for u in utterances:
         buffer = io.BytesIO()
         soundfile.write(buffer, u.prompt_audio, u.sample_rate, format="WAV", subtype="PCM_16")
         audio.append({"bytes": buffer.getvalue(), "path": f"{u.id}.wav"})
-    schema = pa.schema(
-        [
-            ("id", pa.string()),
-            ("prompt_text", pa.string()),
-            ("prompt_audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-            ("target_text", pa.string()),
-        ],
-        metadata={"huggingface": json.dumps({"info": {"features": HF_FEATURES}})},
-    )
+    fields = [
+        ("id", pa.string()),
+        ("prompt_text", pa.string()),
+        ("prompt_audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        ("target_text", pa.string()),
+    ]
+    features = dict(HF_FEATURES)
     columns = {
         "id": [u.id for u in utterances],
         "prompt_text": [u.prompt_text for u in utterances],
         "prompt_audio": audio,
         "target_text": [u.target_text for u in utterances],
     }
+    if is_cosy2(utterances):
+        fields += [(c, pa.list_(pa.int32())) for c in COSY2_TOKEN_COLUMNS]
+        features |= {c: HF_TOKEN_FEATURE for c in COSY2_TOKEN_COLUMNS}
+        columns["prompt_audio_cosy2_tokens"] = [u.prompt_tokens.tolist() for u in utterances]
+        columns["target_audio_cosy2_tokens"] = [u.target_tokens.tolist() for u in utterances]
+    schema = pa.schema(fields, metadata={"huggingface": json.dumps({"info": {"features": features}})})
     return pa.Table.from_pydict(columns, schema=schema)
 
 
@@ -256,9 +298,8 @@ def write_saved_dataset(utterances: Sequence[Utterance], folder: Path, split: st
         "_split": split,
     }
     (split_dir / "state.json").write_text(json.dumps(state, indent=2))
-    (split_dir / "dataset_info.json").write_text(
-        json.dumps({"features": HF_FEATURES, "splits": {}}, indent=2)
-    )
+    features = json.loads(table.schema.metadata[b"huggingface"])["info"]["features"]
+    (split_dir / "dataset_info.json").write_text(json.dumps({"features": features, "splits": {}}, indent=2))
     (folder / "dataset_dict.json").write_text(json.dumps({"splits": [split]}))
     return folder
 
