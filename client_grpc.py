@@ -5,11 +5,13 @@
         --huggingface-dataset yuekai/seed_tts --split-name wenetspeech4tts --log-dir exp/bench
     python client_grpc.py --mode offline --sweep 1,2,4,8,16 --huggingface-dataset exp/bench_data
     python client_grpc.py --reference-audio prompt.wav --reference-text "..." --target-text "..."
+    python client_grpc.py --model-name cosyvoice2 --use-spk2info-cache true --target-text "..."
 
 Each of `--num-tasks` workers is a thread with its own gRPC client, sending its share of the rows one after
 another. Streaming requests go over a decoupled stream; the first-chunk latency is taken when the first
 non-empty audio chunk arrives in the stream's callback. Writes summary.json, summary.md, latency.png and
-one WAV per row into --log-dir.
+one WAV per row into --log-dir. With --use-spk2info-cache true only target_text is sent, as upstream's client
+does, and CosyVoice2 speaks as the cached speaker of its spk2info.pt; the dataset's prompts are not used.
 """
 
 from __future__ import annotations
@@ -65,14 +67,24 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-text", default="", help="single-utterance mode: the prompt's transcript")
     p.add_argument("--target-text", default="", help="single-utterance mode: the text to speak")
     p.add_argument(
-        "--chunk-overlap-duration", type=float, default=0.1, help="seconds consecutive chunks overlap"
+        "--chunk-overlap-duration",
+        type=float,
+        default=None,
+        help="seconds consecutive streamed chunks overlap (default by model: 0.1 spark_tts, 0 cosyvoice2)",
+    )
+    p.add_argument(
+        "--use-spk2info-cache",
+        type=triton_io.true_or_false,
+        default=False,
+        help="true: send target_text only (CosyVoice2's cached speaker speaks); no reference audio needed",
     )
     p.add_argument("--sample-rate", type=int, default=None, help="output sample rate; default by model name")
     p.add_argument(
         "--realistic-lengths",
         action="store_true",
-        help="ask for exactly 50 tokens per second of each target text's expected duration (request parameters "
-        "min_new_tokens/max_new_tokens): for checkpoints that never stop by themselves, such as synthetic ones",
+        help="ask for exactly 50 (spark_tts) or 25 (cosyvoice2) tokens per second of each target text's expected "
+        "duration (request parameters min_new_tokens/max_new_tokens): for checkpoints that may not stop by "
+        "themselves, such as synthetic ones",
     )
     p.add_argument(
         "--padding-duration",
@@ -110,10 +122,18 @@ def split_data(items: Sequence, parts: int) -> list[list]:
     return shares
 
 
+def single_utterance(args: argparse.Namespace) -> bool:
+    """One request from the command line: a reference audio, or the cached speaker and a target text."""
+    return bool(args.reference_audio or (args.use_spk2info_cache and args.target_text))
+
+
 def load_items(args: argparse.Namespace) -> list[Utterance]:
     if args.reference_audio:
         wav, rate = soundfile.read(args.reference_audio, dtype="float32", always_2d=True)
         return [Utterance("test", args.reference_text, wav[:, 0], int(rate), args.target_text)]
+    if single_utterance(args):
+        silent = np.zeros(0, dtype=np.float32)
+        return [Utterance("test", "", silent, triton_io.REFERENCE_SAMPLE_RATE, args.target_text)]
     if args.manifest_path:
         return load_manifest(args.manifest_path)
     return load_utterances(args.huggingface_dataset, args.split_name)
@@ -131,6 +151,9 @@ class Requester:
         self.client = grpcclient.InferenceServerClient(url=f"{args.server_addr}:{args.server_port}")
         padding = args.padding_duration
         self.padding = DEFAULT_PADDING_SECONDS[args.mode] if padding is None else padding
+        self.token_rate = triton_io.token_rate(args.model_name)
+        overlap = triton_io.chunk_overlap_seconds(args.model_name, args.chunk_overlap_duration)
+        self.overlap = int(round(overlap * output_rate))
 
     def close(self) -> None:
         self.client.close()
@@ -138,10 +161,12 @@ class Requester:
     def _parameters(self, utt: Utterance) -> dict | None:
         if not self.args.realistic_lengths:
             return None
-        tokens = expected_tokens(utt.target_text)
+        tokens = expected_tokens(utt.target_text, self.token_rate)
         return {"min_new_tokens": tokens, "max_new_tokens": tokens}
 
     def _inputs(self, utt: Utterance) -> list:
+        if self.args.use_spk2info_cache:
+            return triton_io.infer_inputs(self.grpc, triton_io.target_only_arrays(utt.target_text))
         samples = triton_io.reference_samples(utt.prompt_audio, utt.sample_rate)
         arrays = triton_io.request_arrays(samples, utt.prompt_text, utt.target_text, self.padding)
         return triton_io.infer_inputs(self.grpc, arrays)
@@ -195,8 +220,7 @@ class Requester:
                     break
         finally:
             self.client.stop_stream()
-        overlap = int(round(self.args.chunk_overlap_duration * self.output_rate))
-        audio = crossfade_concat(chunks, overlap)
+        audio = crossfade_concat(chunks, self.overlap)
         return audio, RequestRecord(utt.id, latency, audio.size / self.output_rate, first_chunk, len(chunks))
 
 
@@ -285,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log_dir = Path(args.log_dir)
 
-    if args.reference_audio:
+    if single_utterance(args):
         run = run_benchmark(args, items, 1, log_dir)
         record = run.records[0]
         if not record.ok:
@@ -320,7 +344,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "split": None if args.manifest_path else args.split_name,
         "rows": len(items),
         "output_sample_rate": output_rate,
-        "chunk_overlap_duration": args.chunk_overlap_duration,
+        "chunk_overlap_duration": triton_io.chunk_overlap_seconds(
+            args.model_name, args.chunk_overlap_duration
+        ),
+        "use_spk2info_cache": args.use_spk2info_cache,
+        "realistic_lengths_token_rate": triton_io.token_rate(args.model_name)
+        if args.realistic_lengths
+        else None,
         "warmup_requests": args.warmup,
     }
     paths = write_report(runs, log_dir, metadata)

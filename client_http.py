@@ -3,8 +3,10 @@
 
     python client_http.py --server-url localhost:8000 --reference-audio prompt.wav \
         --reference-text "..." --target-text "..." --output-audio output.wav
+    python client_http.py --model-name cosyvoice2 --use-spk2info-cache true --target-text "..."
 
-The reference audio is resampled to 16 kHz and sent, like the returned waveform, as a binary tensor.
+The reference audio is resampled to 16 kHz and sent, like the returned waveform, as a binary tensor. With
+--use-spk2info-cache true only target_text is sent: CosyVoice2 speaks as the cached speaker of its spk2info.pt.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import soundfile
 
@@ -37,10 +40,26 @@ def get_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reference-text", default=DEFAULT_REFERENCE_TEXT, help="the prompt's transcript")
     p.add_argument("--target-text", default=DEFAULT_TARGET_TEXT, help="the text to speak")
+    p.add_argument(
+        "--use-spk2info-cache",
+        type=triton_io.true_or_false,
+        default=False,
+        help="true: send target_text only (CosyVoice2's cached speaker speaks); the reference is not read",
+    )
     p.add_argument("--output-audio", default="output.wav", help="where the synthesized WAV goes")
     p.add_argument("--sample-rate", type=int, default=None, help="output sample rate; default by model name")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the response")
     return p
+
+
+def request_arrays(args: argparse.Namespace) -> dict:
+    if args.use_spk2info_cache:
+        return triton_io.target_only_arrays(args.target_text)
+    if not Path(args.reference_audio).is_file():
+        raise FileNotFoundError(f"reference audio {args.reference_audio} not found")
+    wav, rate = soundfile.read(args.reference_audio, dtype="float32", always_2d=True)
+    samples = triton_io.reference_samples(wav[:, 0], int(rate))
+    return triton_io.request_arrays(samples, args.reference_text, args.target_text)
 
 
 def server_url(args: argparse.Namespace) -> str:
@@ -57,9 +76,7 @@ def synthesize(args: argparse.Namespace) -> tuple[float, float]:
     try:
         triton_io.check_server(client, url, "HTTP", args.model_name, streaming=False)
         output_rate = triton_io.output_sample_rate(args.model_name, args.sample_rate)
-        wav, rate = soundfile.read(args.reference_audio, dtype="float32", always_2d=True)
-        samples = triton_io.reference_samples(wav[:, 0], int(rate))
-        arrays = triton_io.request_arrays(samples, args.reference_text, args.target_text)
+        arrays = request_arrays(args)
         start = time.perf_counter()
         result = client.infer(
             args.model_name,

@@ -6,6 +6,7 @@ answers `as_json=True` requests with {"config": {...}}, the HTTP one with the co
 
 from __future__ import annotations
 
+import argparse
 import math
 from types import ModuleType
 
@@ -15,6 +16,12 @@ from tritontts.dsp.resample import resample
 
 REFERENCE_SAMPLE_RATE = 16000
 OUTPUT_SAMPLE_RATES = {"spark_tts": 16000, "cosyvoice2": 24000, "f5_tts": 24000}
+# Speech tokens per second of audio, for --realistic-lengths.
+TOKEN_RATES = {"spark_tts": 50, "cosyvoice2": 25}
+# Seconds consecutive streamed chunks overlap: Spark-TTS's BLS sends overlapping chunks for the client to
+# cross-fade (its audio_chunk_overlap_duration); CosyVoice2's token2wav cross-fades itself, so its chunks
+# play back to back.
+CHUNK_OVERLAP_SECONDS = {"spark_tts": 0.1, "cosyvoice2": 0.0}
 INPUT_NAMES = ("reference_wav", "reference_wav_len", "reference_text", "target_text")
 OUTPUT_NAME = "waveform"
 
@@ -23,14 +30,43 @@ class ServerCheckError(RuntimeError):
     """The server or model cannot serve this client; the message is one line saying why."""
 
 
+def _known(model_name: str, table: dict) -> str | None:
+    """The key of `table` that is `model_name` or the longest prefix of it followed by `_`."""
+    for known in sorted(table, key=len, reverse=True):
+        if model_name == known or model_name.startswith(known + "_"):
+            return known
+    return None
+
+
 def output_sample_rate(model_name: str, override: int | None = None) -> int:
     """The rate of a known model, or of one deployed under a name that starts with a known name."""
     if override:
         return override
-    for known in sorted(OUTPUT_SAMPLE_RATES, key=len, reverse=True):
-        if model_name == known or model_name.startswith(known + "_"):
-            return OUTPUT_SAMPLE_RATES[known]
-    raise ValueError(f"no known output sample rate for model '{model_name}': pass --sample-rate")
+    known = _known(model_name, OUTPUT_SAMPLE_RATES)
+    if known is None:
+        raise ValueError(f"no known output sample rate for model '{model_name}': pass --sample-rate")
+    return OUTPUT_SAMPLE_RATES[known]
+
+
+def token_rate(model_name: str) -> int:
+    """Speech tokens per second of a known model's audio (50 when unknown, Spark-TTS's rate)."""
+    known = _known(model_name, TOKEN_RATES)
+    return TOKEN_RATES[known] if known else TOKEN_RATES["spark_tts"]
+
+
+def chunk_overlap_seconds(model_name: str, override: float | None = None) -> float:
+    """How much a known model's streamed chunks overlap (0.1 s when unknown, as upstream's client)."""
+    if override is not None:
+        return override
+    known = _known(model_name, CHUNK_OVERLAP_SECONDS)
+    return CHUNK_OVERLAP_SECONDS[known] if known else 0.1
+
+
+def true_or_false(text: str) -> bool:
+    """A command-line boolean in upstream's spelling (`True`/`False`), any case."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
 
 
 def reference_samples(wav: np.ndarray, sample_rate: int) -> np.ndarray:
@@ -64,6 +100,11 @@ def request_arrays(
         "reference_text": np.array([[reference_text.encode("utf-8")]], dtype=object),
         "target_text": np.array([[target_text.encode("utf-8")]], dtype=object),
     }
+
+
+def target_only_arrays(target_text: str) -> dict[str, np.ndarray]:
+    """A request without reference inputs: CosyVoice2 then speaks as its cached speaker (spk2info.pt)."""
+    return {"target_text": np.array([[target_text.encode("utf-8")]], dtype=object)}
 
 
 def infer_inputs(client_module: ModuleType, arrays: dict[str, np.ndarray]) -> list:
