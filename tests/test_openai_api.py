@@ -19,10 +19,9 @@ from conftest import PROMPT_ZH_TEXT
 from openai_api_process import api_process, decode
 from spark_models import MAX_NEW_TOKENS, build_spark_models
 
-from tritontts.openai_api.crossfade import StreamCrossfader
 from tritontts.openai_api.encode import StreamEncoder, streaming_wav_header
 from tritontts.openai_api.settings import parse_model_spec
-from tritontts.streaming import crossfade_concat
+from tritontts.streaming import StreamCrossfader, crossfade_concat
 from tritontts.triton.server import free_ports
 
 TRITON_MODELS = [build_spark_models]
@@ -113,12 +112,24 @@ def speech(**fields) -> dict:
 # --- without Triton ---------------------------------------------------------------------------------------
 
 
-def test_stream_crossfader_joins_like_crossfade_concat():
+def test_stream_crossfader_joins_chunks_as_they_arrive():
     rng = np.random.default_rng(0)
     chunks = [rng.standard_normal(n).astype(np.float32) for n in (16000, 32000, 24000)]
     joiner = StreamCrossfader(1600)
     pieces = [joiner.push(c) for c in chunks] + [joiner.finish()]
-    np.testing.assert_allclose(np.concatenate(pieces), crossfade_concat(chunks, 1600), atol=1e-6)
+    fade = np.linspace(0.0, 1.0, 1600, dtype=np.float32)
+    c0, c1, c2 = chunks
+    expected = np.concatenate(
+        [
+            c0[:-1600],
+            c1[:1600] * fade + c0[-1600:] * (1 - fade),
+            c1[1600:-1600],
+            c2[:1600] * fade + c1[-1600:] * (1 - fade),
+            c2[1600:],
+        ]
+    )
+    np.testing.assert_allclose(np.concatenate(pieces), expected, atol=1e-6)
+    np.testing.assert_allclose(crossfade_concat(chunks, 1600), expected, atol=1e-6)
     assert pieces[0].size == 16000 - 1600  # the first chunk goes out at once, less the tail to fade
 
 

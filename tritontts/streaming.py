@@ -70,17 +70,38 @@ class TokenChunker:
         return chunk or None
 
 
+class StreamCrossfader:
+    """Joins chunks whose first `overlap` samples repeat the previous chunk's last ones, as they arrive: `push`
+    returns the audio that is final so far (holding back the tail the next chunk fades into), `finish` the tail."""
+
+    def __init__(self, overlap: int) -> None:
+        self.overlap = max(0, overlap)
+        self._tail = np.zeros(0, dtype=np.float32)
+        self._first = True
+
+    def push(self, chunk: np.ndarray) -> np.ndarray:
+        chunk = np.asarray(chunk, dtype=np.float32).reshape(-1)
+        if chunk.size == 0:
+            return chunk
+        if self._first:
+            self._first = False
+            head = np.zeros(0, dtype=np.float32)
+        else:
+            length = min(self._tail.size, chunk.size)
+            fade_in = np.linspace(0.0, 1.0, self.overlap, dtype=np.float32)[:length]
+            blended = chunk[:length] * fade_in + self._tail[:length] * (1.0 - fade_in)
+            head, chunk = np.concatenate([blended, self._tail[length:]]), chunk[length:]
+        keep = min(self.overlap, chunk.size)
+        self._tail = chunk[chunk.size - keep :]
+        return np.concatenate([head, chunk[: chunk.size - keep]])
+
+    def finish(self) -> np.ndarray:
+        tail, self._tail = self._tail, np.zeros(0, dtype=np.float32)
+        return tail
+
+
 def crossfade_concat(chunks: Sequence[np.ndarray], overlap_samples: int) -> np.ndarray:
     """Join chunks that overlap by `overlap_samples`, with a linear cross-fade over each overlap."""
-    chunks = [np.asarray(c, dtype=np.float32).reshape(-1) for c in chunks]
-    if not chunks:
-        return np.zeros(0, dtype=np.float32)
-    if len(chunks) == 1 or overlap_samples <= 0:
-        return np.concatenate(chunks)
-    fade_in = np.linspace(0.0, 1.0, overlap_samples, dtype=np.float32)
-    pieces = [chunks[0][:-overlap_samples]]
-    for previous, current in zip(chunks, chunks[1:]):
-        pieces.append(current[:overlap_samples] * fade_in + previous[-overlap_samples:] * (1.0 - fade_in))
-        pieces.append(current[overlap_samples:-overlap_samples])
-    pieces.append(chunks[-1][-overlap_samples:])
-    return np.concatenate(pieces)
+    joiner = StreamCrossfader(overlap_samples)
+    pieces = [joiner.push(chunk) for chunk in chunks]
+    return np.concatenate([*pieces, joiner.finish()]) if pieces else np.zeros(0, dtype=np.float32)

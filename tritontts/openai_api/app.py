@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from tritontts.audio import AudioLimits
-from tritontts.openai_api.crossfade import StreamCrossfader
 from tritontts.openai_api.encode import FORMATS, StreamEncoder, encode
 from tritontts.openai_api.errors import ApiError, bad_request, install_error_handlers
 from tritontts.openai_api.limits import BodySizeLimit
@@ -24,6 +23,7 @@ from tritontts.openai_api.settings import Settings
 from tritontts.openai_api.speech import SpeechRequest, check_speech_request
 from tritontts.openai_api.triton_client import Deployment, TritonTTS
 from tritontts.openai_api.voices import VoiceStore
+from tritontts.streaming import StreamCrossfader
 
 log = logging.getLogger("tritontts.openai_api")
 VOICES_PATH = "/v1/audio/voices"

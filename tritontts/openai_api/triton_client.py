@@ -21,10 +21,10 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.utils import InferenceServerException
 
 from tritontts.bench import triton_io
-from tritontts.openai_api.crossfade import StreamCrossfader
 from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, unavailable
 from tritontts.openai_api.settings import ModelRoute
 from tritontts.openai_api.voices import Voice
+from tritontts.streaming import StreamCrossfader
 
 REQUEST_FIELDS = {
     "target_text": "input",

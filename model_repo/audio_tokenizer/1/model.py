@@ -13,7 +13,7 @@ from tritontts.audio import AudioLimits
 from tritontts.spark.codec import SparkCodec
 from tritontts.spark.service import RequestLimits, check_reference_wav
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import voice_cache_counters
+from tritontts.triton.metrics import VoiceCacheCounters
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -28,7 +28,8 @@ class TritonPythonModel:
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=max_seconds))
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
-        self.hits, self.misses = voice_cache_counters(pb_utils, config["name"])
+        self.counters = VoiceCacheCounters(pb_utils, config["name"])
+        self.hits, self.misses = self.counters.hits, self.counters.misses
 
     def _reference(self, request):
         return check_reference_wav(waveform_input(pb_utils, request), self.limits)

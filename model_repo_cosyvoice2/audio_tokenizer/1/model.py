@@ -13,7 +13,7 @@ from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, SPEECH_TOKENIZER_FI
 from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
 from tritontts.spark.service import RequestLimits, check_reference_wav
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import voice_cache_counters
+from tritontts.triton.metrics import VoiceCacheCounters
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -29,7 +29,8 @@ class TritonPythonModel:
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=min(max_seconds, 30.0)))
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
-        self.hits, self.misses = voice_cache_counters(pb_utils, config["name"])
+        self.counters = VoiceCacheCounters(pb_utils, config["name"])
+        self.hits, self.misses = self.counters.hits, self.counters.misses
 
     def _tokens(self, request):
         wav = check_reference_wav(waveform_input(pb_utils, request), self.limits)

@@ -23,6 +23,7 @@ from tritontts.triton.bls import call_model, stream_model
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.llm_contract import OUTPUT_NAMES, generated_tokens, llm_request_inputs
 from tritontts.triton.params import error_response, model_param, optional_input, string_input
+from tritontts.triton.stream_sender import serve_stream
 
 STRATEGIES = ("exponential", "fixed")
 
@@ -125,17 +126,7 @@ class TritonPythonModel:
             return error_response(pb_utils, err)
 
     def _stream(self, request):
-        sender = request.get_response_sender()
-        try:
-            chunks = self.service.stream(self._parse(request), uuid4().hex)
-            for chunk in chunks:
-                if request.is_cancelled():
-                    chunks.close()
-                    break
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", chunk.reshape(1, -1))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception as err:
-            sender.send(error_response(pb_utils, err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        serve_stream(pb_utils, request, lambda: self.service.stream(self._parse(request), uuid4().hex))
 
     def execute(self, requests):
         if self.decoupled:

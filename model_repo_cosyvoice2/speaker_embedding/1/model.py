@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 from tritontts.audio import AudioLimits, check_waveform
 from tritontts.cosyvoice2.frontend import CAMPPLUS_FILE, INPUT_SAMPLE_RATE, SpeakerEmbedder
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import voice_cache_counters
+from tritontts.triton.metrics import VoiceCacheCounters
 from tritontts.triton.params import error_response, model_param, required_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -28,7 +28,8 @@ class TritonPythonModel:
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
         )
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
-        self.hits, self.misses = voice_cache_counters(pb_utils, config["name"])
+        self.counters = VoiceCacheCounters(pb_utils, config["name"])
+        self.hits, self.misses = self.counters.hits, self.counters.misses
 
     def _embedding(self, request):
         wav = required_input(pb_utils, request, "reference_wav", dtype=np.float32)
