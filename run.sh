@@ -6,8 +6,9 @@
 #   -1  environment: outside NVIDIA's container, a virtual environment with requirements.txt and the
 #       tritonserver bundled in the nvidia-pytriton wheel; inside the container, a check only
 #    0  checkpoint: download (huggingface | modelscope), write a synthetic one, or validate a local dir
+#       (cosyvoice2: a folder holding CosyVoice2-0.5B/ and cosyvoice2_llm/)
 #    1  LLM: trtllm = convert + trtllm-build (+ smoke test); torch = validate the checkpoint for our engine
-#    2  Triton model repository from model_repo/ templates
+#    2  Triton model repository from model_repo/ (spark_tts) or model_repo_cosyvoice2/ (cosyvoice2) templates
 #    3  launch tritonserver in the background (pid file + log), wait until ready
 #    4  benchmark client (gRPC) over a dataset
 #    5  single-utterance client (gRPC when streaming, HTTP when offline)
@@ -19,7 +20,7 @@ stage=0
 stop_stage=5
 mode=streaming                      # streaming | offline
 
-model=spark_tts                     # spark_tts
+model=spark_tts                     # spark_tts | cosyvoice2
 llm_backend=torch                   # torch | trtllm
 model_source=huggingface            # huggingface | modelscope | synthetic-tiny | synthetic-full | <local dir>
 seed=0                              # synthetic checkpoints
@@ -67,9 +68,17 @@ audio_chunk_duration=1.0
 max_audio_chunk_duration=30.0
 audio_chunk_size_scale_factor=8.0
 audio_chunk_overlap_duration=0.1
-max_new_tokens=1500
+max_new_tokens=auto                 # LLM tokens per request at most; auto: 1500 for spark_tts, 750 for cosyvoice2 (as upstream)
 max_text_length=1000
 max_reference_seconds=30
+
+# CosyVoice2 (--model cosyvoice2)
+token_hop_len=15                    # streaming: speech tokens of the first token2wav call (of every call when fixed)
+pre_lookahead_len=3                 # streaming: tokens past a chunk the flow looks ahead at
+dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | fixed (every hop token_hop_len)
+token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
+speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
+use_spk2info_cache=false            # stages 4-5: send target_text only, so speaker 001 of spk2info.pt speaks
 
 # Clients
 server_addr=localhost
@@ -79,7 +88,7 @@ split_name=test
 log_dir=""                          # default: $exp_dir/$model/log_${mode}_tasks_${num_tasks}
 sweep=""                            # stage 4: concurrencies run one after another (e.g. 1,2,4,8,16) instead of --num_tasks
 warmup=0                            # stage 4: rows sent once before measuring, not counted (first-call costs)
-realistic_lengths=false             # stage 4: ask for 50 tokens per second of each row's expected duration (synthetic LLMs)
+realistic_lengths=false             # stage 4: ask for 50 (spark_tts) or 25 (cosyvoice2) tokens per second of each row's expected duration (synthetic LLMs)
 reference_audio=../shared/data/prompt_zh.wav
 reference_text="吃燕窝就选燕之屋，本节目由26年专注高品质燕窝的燕之屋冠名播出。豆奶牛奶换着喝，营养更均衡，本节目由豆本豆豆奶特约播出。"
 target_text="身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
@@ -93,10 +102,10 @@ api_model_name=spark-tts            # stage 6: the model name clients send, mapp
 voices_dir=""                       # stage 6: NAME.wav + NAME.txt per voice; default: $exp_dir/voices, seeded with voice 'default' from reference_audio/reference_text
 
 usage() {
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
   echo
   echo "Options (default in brackets):"
-  grep -E '^[a-z_]+=' "$0" | sed -E 's/^([a-z_]+)=("[^"]*"|[^ ]*) *(# *)?(.*)$/  --\1 [\2] \4/'
+  grep -E '^[a-z0-9_]+=' "$0" | sed -E 's/^([a-z0-9_]+)=("[^"]*"|[^ ]*) *(# *)?(.*)$/  --\1 [\2] \4/'
 }
 
 positional=()
@@ -127,7 +136,13 @@ fi
 
 case "$mode" in streaming|offline) ;; *) echo "run.sh: mode must be streaming or offline, not '$mode'" >&2; exit 2 ;; esac
 case "$llm_backend" in torch|trtllm) ;; *) echo "run.sh: --llm_backend must be torch or trtllm" >&2; exit 2 ;; esac
-case "$model" in spark_tts) ;; *) echo "run.sh: --model must be spark_tts" >&2; exit 2 ;; esac
+case "$model" in spark_tts|cosyvoice2) ;; *) echo "run.sh: --model must be spark_tts or cosyvoice2, not '$model'" >&2; exit 2 ;; esac
+case "$dynamic_chunk_strategy" in exponential|fixed) ;; *) echo "run.sh: --dynamic_chunk_strategy must be exponential or fixed" >&2; exit 2 ;; esac
+case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
+case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
+if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ]; then
+  echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2" >&2; exit 2
+fi
 
 log() { echo "$(date '+%F %T') [run.sh] $*"; }
 
@@ -145,6 +160,17 @@ fi
 [ -n "$log_dir" ] || log_dir=$model_home/log_${mode}_tasks_${num_tasks}
 [ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
 [ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
+if [ "$model" = cosyvoice2 ]; then
+  llm_subdir=cosyvoice2_llm            # the LLM as a Hugging Face Qwen2 (yuekai/cosyvoice2_llm)
+  token2wav_subdir=CosyVoice2-0.5B     # front end, flow, HiFT, spk2info.pt (iic/CosyVoice2-0.5B)
+  [ "$max_new_tokens" != auto ] || max_new_tokens=750
+  chunk_overlap=0                           # token2wav cross-fades the chunks itself: play them back to back
+else
+  llm_subdir=LLM
+  [ "$max_new_tokens" != auto ] || max_new_tokens=1500
+  chunk_overlap=$audio_chunk_overlap_duration
+fi
+llm_dir=$model_dir/$llm_subdir
 pid_file=$model_home/tritonserver.pid
 server_log=$model_home/tritonserver.log
 in_container=false
@@ -201,17 +227,17 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
       exit 1
     fi
     if [ ! -f "$trt_weights_dir/config.json" ]; then
-      "$python" scripts/convert_checkpoint.py --model_dir "$model_dir/LLM" --output_dir "$trt_weights_dir" \
+      "$python" scripts/convert_checkpoint.py --model_dir "$llm_dir" --output_dir "$trt_weights_dir" \
         --dtype "$trt_dtype" --tp_size "$trt_tp_size"
     fi
     if [ ! -f "$trt_engines_dir/config.json" ]; then
       "$python" -m tritontts.trtllm.build --checkpoint_dir "$trt_weights_dir" --output_dir "$trt_engines_dir" \
         --max_batch_size "$trt_max_batch_size" --max_num_tokens "$trt_max_num_tokens" --gemm_plugin "$trt_dtype" \
-        --smoke_test_tokenizer_dir "$model_dir/LLM"
+        --smoke_test_tokenizer_dir "$llm_dir"
     fi
   else
     log "Stage 1: check the LLM checkpoint loads in our torch engine"
-    "$python" -m tritontts.llm.check --model_dir "$model_dir/LLM"
+    "$python" -m tritontts.llm.check --model_dir "$llm_dir"
   fi
 fi
 
@@ -220,17 +246,32 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   rm -rf "$model_repo"
   mkdir -p "$model_repo"
   abs_model_dir=$(cd "$model_dir" && pwd)
+  abs_llm_dir=$abs_model_dir/$llm_subdir
   fill() { "$python" scripts/fill_template.py -i "$1" "$2"; }
-  for name in spark_tts audio_tokenizer vocoder; do
-    cp -r "model_repo/$name" "$model_repo/"
-  done
   common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseconds:${max_queue_delay_microseconds}"
-  fill "$model_repo/audio_tokenizer/config.pbtxt" \
-    "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device},max_reference_seconds:${max_reference_seconds}"
-  fill "$model_repo/vocoder/config.pbtxt" \
-    "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device}"
-  fill "$model_repo/spark_tts/config.pbtxt" \
-    "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_model_dir}/LLM,${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds}"
+  if [ "$model" = cosyvoice2 ]; then
+    abs_t2w_dir=$abs_model_dir/$token2wav_subdir
+    for name in cosyvoice2 audio_tokenizer speaker_embedding token2wav; do
+      cp -r "model_repo_cosyvoice2/$name" "$model_repo/"
+    done
+    front="model_dir:${abs_t2w_dir},${common},device:${model_device},max_reference_seconds:${max_reference_seconds}"
+    fill "$model_repo/audio_tokenizer/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}"
+    fill "$model_repo/speaker_embedding/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}"
+    fill "$model_repo/token2wav/config.pbtxt" \
+      "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype}"
+    fill "$model_repo/cosyvoice2/config.pbtxt" \
+      "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,tensorrt_llm_model:tensorrt_llm"
+  else
+    for name in spark_tts audio_tokenizer vocoder; do
+      cp -r "model_repo/$name" "$model_repo/"
+    done
+    fill "$model_repo/audio_tokenizer/config.pbtxt" \
+      "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device},max_reference_seconds:${max_reference_seconds}"
+    fill "$model_repo/vocoder/config.pbtxt" \
+      "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device}"
+    fill "$model_repo/spark_tts/config.pbtxt" \
+      "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_llm_dir},${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds}"
+  fi
   if [ "$llm_backend" = trtllm ]; then
     cp -r model_repo/tensorrt_llm "$model_repo/"
     abs_engines=$(mkdir -p "$trt_engines_dir" && cd "$trt_engines_dir" && pwd)
@@ -240,7 +281,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     mkdir -p "$model_repo/tensorrt_llm"
     cp -r model_repo/tensorrt_llm_torch/. "$model_repo/tensorrt_llm/"
     fill "$model_repo/tensorrt_llm/config.pbtxt" \
-      "model_dir:${abs_model_dir}/LLM,triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile}"
+      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile}"
   fi
 fi
 
@@ -260,20 +301,22 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   [ -n "$sweep" ] && bench_extra+=(--sweep "$sweep")
   [ "$realistic_lengths" = true ] && bench_extra+=(--realistic-lengths)
   [ "$warmup" -gt 0 ] && bench_extra+=(--warmup "$warmup")
+  [ "$use_spk2info_cache" = true ] && bench_extra+=(--use-spk2info-cache true)
   if [ ! -e "$dataset" ]; then
     "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
   fi
   "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
     --mode "$mode" --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
-    --chunk-overlap-duration "$audio_chunk_overlap_duration" --log-dir "$log_dir" "${bench_extra[@]}"
+    --chunk-overlap-duration "$chunk_overlap" --log-dir "$log_dir" "${bench_extra[@]}"
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   log "Stage 5: one utterance, $mode, into $output_dir"
   single=(--reference-audio "$reference_audio" --reference-text "$reference_text" --target-text "$target_text")
+  [ "$use_spk2info_cache" = true ] && single+=(--use-spk2info-cache true)
   if [ "$mode" = streaming ]; then
     "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
-      --mode streaming --chunk-overlap-duration "$audio_chunk_overlap_duration" --log-dir "$output_dir" "${single[@]}"
+      --mode streaming --chunk-overlap-duration "$chunk_overlap" --log-dir "$output_dir" "${single[@]}"
   else
     mkdir -p "$output_dir"
     "$python" client_http.py --server-addr "$server_addr" --server-port "$http_port" --model-name "$model" \

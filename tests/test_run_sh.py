@@ -1,4 +1,5 @@
-"""run.sh from a synthetic checkpoint to WAV files and a benchmark summary, offline then streaming (CPU)."""
+"""run.sh: from a synthetic checkpoint to WAV files and a benchmark summary, offline then streaming (CPU); its
+--help, option checks, and the CosyVoice2 repository stage 2 fills."""
 
 import json
 import subprocess
@@ -120,3 +121,105 @@ def test_stage_6_serves_the_api_with_a_seeded_voice(tmp_path, prompt_zh):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=15)
+
+
+COSYVOICE2_MODELS = {"cosyvoice2", "audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm"}
+
+
+def test_help_lists_the_cosyvoice2_knobs():
+    done = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    assert "--model [spark_tts] spark_tts | cosyvoice2" in done.stdout
+    for option, default in (
+        ("token_hop_len", "15"),
+        ("pre_lookahead_len", "3"),
+        ("dynamic_chunk_strategy", "exponential"),
+        ("token2wav_dtype", "auto"),
+        ("speaker_embedding_instance_num", "1"),
+        ("use_spk2info_cache", "false"),
+        ("max_new_tokens", "auto"),
+    ):
+        assert f"\n  --{option} [{default}]" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--model", "f5_tts"], "--model must be spark_tts or cosyvoice2"),
+        (["--model", "cosyvoice2", "--dynamic_chunk_strategy", "linear"], "--dynamic_chunk_strategy"),
+        (["--model", "cosyvoice2", "--token2wav_dtype", "int8"], "--token2wav_dtype"),
+        (["--model", "cosyvoice2", "--use_spk2info_cache", "yes"], "--use_spk2info_cache must be"),
+        (["--use_spk2info_cache", "true"], "needs --model cosyvoice2"),
+    ],
+)
+def test_bad_cosyvoice2_options_exit_2_with_one_line(tmp_path, options, message):
+    command = ["bash", "run.sh", "2", "2", *options, "--exp_dir", str(tmp_path), "--python", sys.executable]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "cosyvoice2").exists()
+
+
+def _parse_repo(repo: Path) -> dict:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    parsed = {}
+    for path in repo.glob("*/config.pbtxt"):
+        text = path.read_text()
+        assert "${" not in text, f"{path} has an unfilled placeholder"
+        parsed[path.parent.name] = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return parsed
+
+
+def _parameters(config) -> dict[str, str]:
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+@pytest.fixture(scope="module")
+def cosyvoice2_exp(tmp_path_factory) -> Path:
+    """Stages 0-1 once: the tiny synthetic checkpoint, checked by the torch engine."""
+    exp = tmp_path_factory.mktemp("exp_cosyvoice2")
+    command = ["bash", "run.sh", "0", "1", "--model", "cosyvoice2", "--model_source", "synthetic-tiny"]
+    command += ["--exp_dir", str(exp), "--python", sys.executable]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return exp
+
+
+@pytest.mark.parametrize("backend", ["torch", "trtllm"])
+@pytest.mark.parametrize("mode", ["streaming", "offline"])
+def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_exp, mode, backend):
+    checkpoint = cosyvoice2_exp / "cosyvoice2" / "checkpoint"
+    assert (checkpoint / "CosyVoice2-0.5B" / "spk2info.pt").is_file()
+    command = ["bash", "run.sh", "2", "2", mode, "--model", "cosyvoice2", "--model_source", "synthetic-tiny"]
+    command += ["--llm_backend", backend, "--exp_dir", str(cosyvoice2_exp), "--python", sys.executable]
+    command += ["--dynamic_chunk_strategy", "fixed", "--token_hop_len", "20", "--token2wav_dtype", "float16"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    parsed = _parse_repo(cosyvoice2_exp / "cosyvoice2" / f"model_repo_{backend}_{mode}")
+    assert set(parsed) == COSYVOICE2_MODELS
+    for name, config in parsed.items():
+        assert config.name == name
+    for name in ("cosyvoice2", "tensorrt_llm"):
+        assert parsed[name].model_transaction_policy.decoupled is (mode == "streaming")
+    assert parsed["tensorrt_llm"].backend == ("tensorrtllm" if backend == "trtllm" else "python")
+    bls = _parameters(parsed["cosyvoice2"])
+    assert bls["model_dir"] == str(checkpoint.resolve() / "CosyVoice2-0.5B")
+    assert bls["llm_tokenizer_dir"] == str(checkpoint.resolve() / "cosyvoice2_llm")
+    assert (bls["token_hop_len"], bls["pre_lookahead_len"], bls["dynamic_chunk_strategy"]) == (
+        "20",
+        "3",
+        "fixed",
+    )
+    assert bls["max_new_tokens"] == "750"
+    assert [bls[f"{role}_model"] for role in ("audio_tokenizer", "speaker_embedding", "token2wav")] == [
+        "audio_tokenizer",
+        "speaker_embedding",
+        "token2wav",
+    ]
+    assert _parameters(parsed["token2wav"])["dtype"] == "float16"
+    assert len(parsed["token2wav"].instance_group) == 1 and parsed["token2wav"].instance_group[0].count == 1
+    for name in ("audio_tokenizer", "speaker_embedding", "token2wav"):
+        assert _parameters(parsed[name])["model_dir"] == bls["model_dir"]
+    if backend == "torch":
+        assert _parameters(parsed["tensorrt_llm"])["model_dir"] == bls["llm_tokenizer_dir"]
