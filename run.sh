@@ -83,7 +83,7 @@ use_spk2info_cache=false            # stages 4-5: send target_text only, so spea
 # Clients
 server_addr=localhost
 num_tasks=2
-dataset=""                          # default: $exp_dir/benchmark_data (written by stage 4 if missing)
+dataset=""                          # a local copy or a hub name (yuekai/seed_tts, yuekai/seed_tts_cosy2); default: $exp_dir/benchmark_data (written by stage 4 if missing)
 split_name=test
 log_dir=""                          # default: $exp_dir/$model/log_${mode}_tasks_${num_tasks}
 sweep=""                            # stage 4: concurrencies run one after another (e.g. 1,2,4,8,16) instead of --num_tasks
@@ -156,7 +156,8 @@ fi
 [ -n "$model_repo" ] || model_repo=$model_home/model_repo_${llm_backend}_${mode}
 [ -n "$trt_weights_dir" ] || trt_weights_dir=$model_home/tllm_checkpoint_${trt_dtype}
 [ -n "$trt_engines_dir" ] || trt_engines_dir=$model_home/trt_engines_${trt_dtype}
-[ -n "$dataset" ] || dataset=$exp_dir/benchmark_data
+default_dataset=$exp_dir/benchmark_data
+[ -n "$dataset" ] || dataset=$default_dataset
 [ -n "$log_dir" ] || log_dir=$model_home/log_${mode}_tasks_${num_tasks}
 [ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
 [ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
@@ -302,7 +303,7 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   [ "$realistic_lengths" = true ] && bench_extra+=(--realistic-lengths)
   [ "$warmup" -gt 0 ] && bench_extra+=(--warmup "$warmup")
   [ "$use_spk2info_cache" = true ] && bench_extra+=(--use-spk2info-cache true)
-  if [ ! -e "$dataset" ]; then
+  if [ "$dataset" = "$default_dataset" ] && [ ! -e "$dataset" ]; then
     "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
   fi
   "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
