@@ -1,0 +1,97 @@
+"""The CosyVoice2 model repository of the test server: model_repo_cosyvoice2's templates, filled by
+fill_template.py under `cosyvoice2_*` names so they share the server with Spark-TTS's models.
+
+`cosyvoice2` + `cosyvoice2_tensorrt_llm` are decoupled (streaming); `cosyvoice2_offline` +
+`cosyvoice2_tensorrt_llm_offline` are not. Both BLS models call the same `cosyvoice2_audio_tokenizer`,
+`cosyvoice2_speaker_embedding` and `cosyvoice2_token2wav`. Each BLS has one instance, so its voice cache is
+the one every request of that model sees.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PROMPT_ZH, PROMPT_ZH_TEXT
+from spark_models import COMMON, FILL
+
+from tritontts.synthetic.cosyvoice2 import Cosyvoice2Paths
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "model_repo_cosyvoice2"
+LLM_TEMPLATES = ROOT / "model_repo"
+PREFIX = "cosyvoice2_"
+MAX_NEW_TOKENS = 100
+MAX_REFERENCE_SECONDS = 30
+MAX_TEXT_LENGTH = 300
+TOKEN_HOP_LEN = 15
+PRE_LOOKAHEAD_LEN = 3
+CHUNK_STRATEGY = "exponential"
+LLM_SLOTS = {"tensorrt_llm": 4, "tensorrt_llm_offline": 8}
+LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav")
+CHECKPOINT = "cosyvoice2_tiny"
+
+
+def checkpoint_paths(data: Path) -> Cosyvoice2Paths:
+    return Cosyvoice2Paths.under(data / CHECKPOINT)
+
+
+def build_cosyvoice2_models(repo: Path, data: Path) -> None:
+    from tritontts.synthetic.cosyvoice2 import write_cosyvoice2_checkpoint
+
+    if PROMPT_ZH.exists():
+        paths = write_cosyvoice2_checkpoint(
+            data / CHECKPOINT, "tiny", 0, prompt_wav=PROMPT_ZH, prompt_text=PROMPT_ZH_TEXT
+        )
+    else:
+        paths = write_cosyvoice2_checkpoint(data / CHECKPOINT, "tiny", 0)
+    model_dir, llm_dir = paths.model_dir.resolve(), paths.llm_dir.resolve()
+    front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:{MAX_REFERENCE_SECONDS}"
+    for leaf in ("audio_tokenizer", "speaker_embedding"):
+        install_template(TEMPLATES, leaf, repo, PREFIX + leaf, front)
+    install_template(
+        TEMPLATES,
+        "token2wav",
+        repo,
+        PREFIX + "token2wav",
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32",
+    )
+    for llm, slots in LLM_SLOTS.items():
+        install_template(
+            LLM_TEMPLATES,
+            "tensorrt_llm_torch",
+            repo,
+            PREFIX + llm,
+            f"model_dir:{llm_dir},{COMMON},decoupled_mode:{llm == 'tensorrt_llm'},llm_max_batch_size:{slots},"
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false",
+        )
+    leaves = ",".join(f"{leaf}_model:{PREFIX}{leaf}" for leaf in LEAVES)
+    for name, decoupled, llm in (
+        ("cosyvoice2", True, "tensorrt_llm"),
+        ("cosyvoice2_offline", False, "tensorrt_llm_offline"),
+    ):
+        install_template(
+            TEMPLATES,
+            "cosyvoice2",
+            repo,
+            name,
+            f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},"
+            f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
+            f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
+            f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
+            f"{leaves},tensorrt_llm_model:{PREFIX}{llm}",
+        )
+
+
+def install_template(templates: Path, template: str, repo: Path, name: str, values: str) -> Path:
+    """Copy `templates/template` to `repo/name`, fill its config with `values` and rename the model `name`."""
+    target = repo / name
+    shutil.copytree(templates / template, target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = target / "config.pbtxt"
+    subprocess.run([sys.executable, str(FILL), "-i", str(config), values], check=True)
+    text = re.sub(r'^name: ".*"$', f'name: "{name}"', config.read_text(), count=1, flags=re.M)
+    config.write_text(text)
+    return target
