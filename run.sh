@@ -98,7 +98,7 @@ output_dir=""                       # stage 5 writes its WAV here; default: $exp
 api_host=127.0.0.1                  # stage 6: address the API listens on; 0.0.0.0 inside a container with mapped ports
 api_port=8080                       # stage 6: POST /v1/audio/speech, GET|POST /v1/audio/voices, GET /health
 api_key=""                          # stage 6: clients must send 'Authorization: Bearer <key>'; empty: no auth
-api_model_name=spark-tts            # stage 6: the model name clients send, mapped to --model on Triton
+api_model_name=auto                 # stage 6: the model name clients send, mapped to --model on Triton; auto: spark-tts | cosyvoice2
 voices_dir=""                       # stage 6: NAME.wav + NAME.txt per voice; default: $exp_dir/voices, seeded with voice 'default' from reference_audio/reference_text
 
 usage() {
@@ -326,6 +326,9 @@ if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
 fi
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
+  if [ "$api_model_name" = auto ]; then
+    api_model_name=$([ "$model" = cosyvoice2 ] && echo cosyvoice2 || echo spark-tts)
+  fi
   log "Stage 6: OpenAI-compatible API on http://$api_host:$api_port (model $api_model_name -> $model), voices in $voices_dir"
   mkdir -p "$voices_dir"
   if ! ls "$voices_dir"/*.wav >/dev/null 2>&1; then
