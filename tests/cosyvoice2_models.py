@@ -9,14 +9,10 @@ the one every request of that model sees.
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from conftest import PROMPT_ZH, PROMPT_ZH_TEXT
-from spark_models import COMMON, FILL
+from spark_models import COMMON, install
 
 from tritontts.synthetic.cosyvoice2 import Cosyvoice2Paths
 
@@ -87,11 +83,4 @@ def build_cosyvoice2_models(repo: Path, data: Path) -> None:
 
 
 def install_template(templates: Path, template: str, repo: Path, name: str, values: str) -> Path:
-    """Copy `templates/template` to `repo/name`, fill its config with `values` and rename the model `name`."""
-    target = repo / name
-    shutil.copytree(templates / template, target, ignore=shutil.ignore_patterns("__pycache__"))
-    config = target / "config.pbtxt"
-    subprocess.run([sys.executable, str(FILL), "-i", str(config), values], check=True)
-    text = re.sub(r'^name: ".*"$', f'name: "{name}"', config.read_text(), count=1, flags=re.M)
-    config.write_text(text)
-    return target
+    return install(template, repo, name, values, templates)

@@ -21,9 +21,10 @@ MAX_NEW_TOKENS = 120
 LLM_SLOTS = 4  # engine slots of the decoupled tensorrt_llm
 
 
-def install(template: str, repo: Path, name: str, values: str) -> Path:
+def install(template: str, repo: Path, name: str, values: str, templates: Path = TEMPLATES) -> Path:
+    """Copy `templates/template` to `repo/name`, fill its config with `values` and rename the model `name`."""
     target = repo / name
-    shutil.copytree(TEMPLATES / template, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(templates / template, target, ignore=shutil.ignore_patterns("__pycache__"))
     config = target / "config.pbtxt"
     subprocess.run([sys.executable, str(FILL), "-i", str(config), values], check=True)
     text = re.sub(r'^name: ".*"$', f'name: "{name}"', config.read_text(), count=1, flags=re.M)

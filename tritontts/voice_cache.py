@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -48,6 +49,15 @@ class VoiceCache(Generic[V]):
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
+
+    def get_or_compute(self, key: str, compute: Callable[[], V]) -> tuple[V, bool]:
+        """The cached value and True, or `compute()` (then cached) and False."""
+        value = self.get(key)
+        if value is not None:
+            return value, True
+        value = compute()
+        self.put(key, value)
+        return value, False
 
     def __len__(self) -> int:
         return len(self._items)

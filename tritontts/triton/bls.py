@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from tritontts.triton.llm_contract import OUTPUT_NAMES, generated_tokens, llm_request_inputs
+
 
 class ModelCallError(RuntimeError):
     """A model called through BLS answered with an error."""
@@ -79,3 +81,19 @@ def stream_model(
     finally:
         if not finished and hasattr(responses, "cancel"):
             responses.cancel()
+
+
+def generate_tokens(
+    pb_utils: Any,
+    model: str,
+    prompt_ids: np.ndarray,
+    params: Any,
+    end_id: int,
+    pad_id: int,
+    streaming: bool,
+    decoupled: bool,
+) -> Iterator[np.ndarray]:
+    """New token ids from a `tensorrt_llm`-contract model: every streamed piece, or the whole output once."""
+    inputs = llm_request_inputs(prompt_ids, end_id, pad_id, params, streaming)
+    for out in stream_model(pb_utils, model, inputs, OUTPUT_NAMES, decoupled=decoupled):
+        yield generated_tokens(out["output_ids"], out["sequence_length"])

@@ -21,3 +21,6 @@ class VoiceCacheCounters:
             for kind, what in (("hits", "found in the voice cache"), ("misses", "computed"))
         ]
         self.hits, self.misses = (family.Metric(labels={"model": model_name}) for family in self.families)
+
+    def count(self, hit: bool, n: int = 1) -> None:
+        (self.hits if hit else self.misses).increment(n)

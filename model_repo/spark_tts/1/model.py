@@ -20,9 +20,9 @@ from tritontts.spark.service import (
     check_token_budget,
 )
 from tritontts.streaming import ChunkSchedule
-from tritontts.triton.bls import call_model, stream_model
+from tritontts.triton.bls import call_model, generate_tokens
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.llm_contract import OUTPUT_NAMES, SamplingParams, generated_tokens, llm_request_inputs
+from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 from tritontts.triton.stream_sender import serve_stream
 
@@ -78,11 +78,17 @@ class TritonPythonModel:
         return VoiceTokens(out["global_tokens"].reshape(-1), out["semantic_tokens"].reshape(-1))
 
     def _generate(self, prompt_ids, params, streaming):
-        inputs = llm_request_inputs(prompt_ids, self.prompter.end_id, self.prompter.pad_id, params, streaming)
-        for out in stream_model(
-            pb_utils, self.models["tensorrt_llm"], inputs, OUTPUT_NAMES, decoupled=self.decoupled
-        ):
-            yield generated_tokens(out["output_ids"], out["sequence_length"])
+        llm = self.models["tensorrt_llm"]
+        return generate_tokens(
+            pb_utils,
+            llm,
+            prompt_ids,
+            params,
+            self.prompter.end_id,
+            self.prompter.pad_id,
+            streaming,
+            self.decoupled,
+        )
 
     def _vocode(self, global_tokens, semantic_tokens):
         out = call_model(

@@ -30,18 +30,14 @@ class TritonPythonModel:
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=min(max_seconds, 30.0)))
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
         self.counters = VoiceCacheCounters(pb_utils, config["name"])
-        self.hits, self.misses = self.counters.hits, self.counters.misses
 
     def _tokens(self, request):
         wav = check_reference_wav(waveform_input(pb_utils, request), self.limits)
         key = audio_key(wav, INPUT_SAMPLE_RATE, "cosyvoice2_speech_tokens")
-        tokens = self.cache.get(key)
-        if tokens is not None:
-            self.hits.increment(1)
-            return tokens
-        self.misses.increment(1)
-        tokens = self.tokenizer(wav).astype(np.int32) + ORIGINAL_VOCAB_SIZE
-        self.cache.put(key, tokens)
+        tokens, hit = self.cache.get_or_compute(
+            key, lambda: self.tokenizer(wav).astype(np.int32) + ORIGINAL_VOCAB_SIZE
+        )
+        self.counters.count(hit)
         return tokens
 
     def execute(self, requests):

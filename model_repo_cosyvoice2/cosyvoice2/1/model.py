@@ -19,9 +19,8 @@ from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.cosyvoice2.wire import token2wav_arrays
 from tritontts.spark.service import RequestLimits, check_token_budget
-from tritontts.triton.bls import call_model, stream_model
+from tritontts.triton.bls import call_model, generate_tokens
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.llm_contract import OUTPUT_NAMES, generated_tokens, llm_request_inputs
 from tritontts.triton.params import error_response, model_param, optional_input, string_input
 from tritontts.triton.stream_sender import serve_stream
 
@@ -91,11 +90,10 @@ class TritonPythonModel:
         return out["prompt_spk_embedding"].reshape(-1)
 
     def _generate(self, prompt_ids, params, streaming):
-        inputs = llm_request_inputs(prompt_ids, params.end_id, params.pad_id, params, streaming)
-        for out in stream_model(
-            pb_utils, self.models["tensorrt_llm"], inputs, OUTPUT_NAMES, decoupled=self.decoupled
-        ):
-            yield generated_tokens(out["output_ids"], out["sequence_length"])
+        llm = self.models["tensorrt_llm"]
+        return generate_tokens(
+            pb_utils, llm, prompt_ids, params, params.end_id, params.pad_id, streaming, self.decoupled
+        )
 
     def _token2wav(self, tokens, voice, token_offset, finalize, request_id):
         arrays = token2wav_arrays(

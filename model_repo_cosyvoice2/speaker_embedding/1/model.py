@@ -29,19 +29,13 @@ class TritonPythonModel:
         )
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
         self.counters = VoiceCacheCounters(pb_utils, config["name"])
-        self.hits, self.misses = self.counters.hits, self.counters.misses
 
     def _embedding(self, request):
         wav = required_input(pb_utils, request, "reference_wav", dtype=np.float32)
         wav = check_waveform(wav, INPUT_SAMPLE_RATE, self.limits, "reference_wav")
         key = audio_key(wav, INPUT_SAMPLE_RATE, "cosyvoice2_campplus")
-        embedding = self.cache.get(key)
-        if embedding is not None:
-            self.hits.increment(1)
-            return embedding
-        self.misses.increment(1)
-        embedding = self.embedder(wav).astype(np.float16)
-        self.cache.put(key, embedding)
+        embedding, hit = self.cache.get_or_compute(key, lambda: self.embedder(wav).astype(np.float16))
+        self.counters.count(hit)
         return embedding
 
     def execute(self, requests):
