@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2.exceptions import TemplateError
 from tokenizers import Tokenizer
@@ -97,6 +99,8 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+T = TypeVar("T")
+DISCONNECT_POLL_S = 0.5
 ID_PREFIXES = {"text_completion": "cmpl", "chat.completion": "chatcmpl"}
 Choice = Callable[[str, str | None], dict]
 
@@ -148,7 +152,12 @@ def create_app(served: ServedModel) -> FastAPI:
             stream.close()
 
     async def respond(
-        request: SamplingFields, prompt_ids: list[int], obj: str, choice: Choice, first: dict | None = None
+        http: Request,
+        request: SamplingFields,
+        prompt_ids: list[int],
+        obj: str,
+        choice: Choice,
+        first: dict | None = None,
     ):
         stream, text = start(request, prompt_ids)
         head = {
@@ -167,9 +176,8 @@ def create_app(served: ServedModel) -> FastAPI:
                 ),
                 media_type="text/event-stream",
             )
-        pieces: list[tuple[str, str | None]] = []
         try:
-            pieces = [piece async for piece in generate(stream, text)]
+            pieces = await until_disconnected(http, collect(generate(stream, text)))
         except GenerationError as error:
             raise ApiError(500, str(error), code="generation_failed", type=SERVER_ERROR) from error
         usage = {
@@ -197,16 +205,16 @@ def create_app(served: ServedModel) -> FastAPI:
         yield sse("[DONE]")
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest):
+    async def completions(request: CompletionRequest, http: Request):
         prompt_ids = completion_prompt_ids(served.tokenizer, request.prompt)
 
         def choice(text: str, finish: str | None) -> dict:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
-        return await respond(request, prompt_ids, "text_completion", choice)
+        return await respond(http, request, prompt_ids, "text_completion", choice)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest):
+    async def chat_completions(request: ChatCompletionRequest, http: Request):
         prompt_ids = chat_prompt_ids(served, request)
 
         def message(text: str, finish: str | None) -> dict:
@@ -223,10 +231,27 @@ def create_app(served: ServedModel) -> FastAPI:
             "finish_reason": None,
         }
         return await respond(
-            request, prompt_ids, "chat.completion", delta if request.stream else message, first
+            http, request, prompt_ids, "chat.completion", delta if request.stream else message, first
         )
 
     return app
+
+
+async def collect(pieces: AsyncIterator[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
+    return [piece async for piece in pieces]
+
+
+async def until_disconnected(http: Request, work: Coroutine[Any, Any, T]) -> T:
+    """`work`'s result; cancels it (so its engine request) when the client goes away first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
+            if await http.is_disconnected():
+                task.cancel()
+                raise ApiError(499, "the client closed the request", code="client_closed_request")
+        return task.result()
+    finally:
+        task.cancel()
 
 
 def completion_prompt_ids(tokenizer: Tokenizer, prompt: str | list) -> list[int]:
