@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +21,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import uvicorn
 
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, prompt_text
 from tritontts.cosyvoice2.tokens import SPEECH_STOP_TOKENS
 from tritontts.llm.engine import LLMEngine
+from tritontts.llm.openai_server.app import ServedModel, create_app
 from tritontts.llm.openai_server.chat_template import ChatTemplate
 from tritontts.llm.openai_server.detokenize import TextStream
 from tritontts.llm.openai_server.generation import EngineStream
@@ -265,3 +269,48 @@ def test_a_second_stop_id_ends_the_stream_and_cancels_the_request():
     chunks, cancelled = asyncio.run(scenario())
     assert chunks == [([101], None), ([5], "stop")]
     assert cancelled == [9]
+
+
+@pytest.fixture(scope="module")
+def in_process_server(llm_dir) -> Iterator[tuple[str, LLMEngine]]:
+    engine = LLMEngine.from_pretrained(
+        llm_dir, device="cpu", max_batch_size=2, max_seq_len=4096, cuda_graphs=False
+    )
+    (port,) = free_ports(1)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(ServedModel.from_model_dir(engine, llm_dir)), port=port, log_level="warning"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    yield url, engine
+    server.should_exit = True
+    thread.join(timeout=15)
+
+
+def wait_for(condition, what: str, seconds: float = 30):
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.02)
+    return value
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_cancels_its_engine_request(in_process_server, stream):
+    url, engine = in_process_server
+    body = json.dumps({"prompt": "hi", "max_tokens": 4000, "stream": stream, "ignore_eos": True}).encode()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        connection.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        (seq,) = wait_for(lambda: list(engine.scheduler.running), "the request to run")
+    wait_for(lambda: seq.finish_reason is not None, "the request to finish")
+    assert seq.finish_reason == FinishReason.CANCELLED
+    assert len(seq.output_ids) < 4000
