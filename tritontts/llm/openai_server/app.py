@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2.exceptions import TemplateError
+from starlette.background import BackgroundTask
 from tokenizers import Tokenizer
 
 from tritontts.llm.engine import LLMEngine
@@ -175,6 +176,7 @@ def create_app(served: ServedModel) -> FastAPI:
                     first,
                 ),
                 media_type="text/event-stream",
+                background=BackgroundTask(stream.close),
             )
         try:
             pieces = await until_disconnected(http, collect(generate(stream, text)))
