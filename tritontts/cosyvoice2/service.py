@@ -5,6 +5,8 @@ The callables it is given reach the other models (through BLS calls under Triton
 - `tokenize(wav_16k) -> int32 [n]`: speech tokens 0..6560 of a reference audio;
 - `embed(wav_16k) -> [192]`: its speaker embedding;
 - `generate(prompt_ids, sampling, streaming) -> Iterator[int32 ids]`: the LLM's new ids, in one piece or streamed;
+- or `generate_chat(reference_text, target_text, prompt_speech_tokens, sampling, streaming)`, the same ids from
+  an LLM that builds its prompt itself (an OpenAI-compatible chat endpoint), used instead of `generate`;
 - `token2wav(tokens, voice, token_offset, finalize, stream_id) -> float32 audio`: tokens 0..6560 so far; with
   `token_offset None` one offline call, else one call of a stream (upstream's `token2wav` inputs).
 
@@ -88,6 +90,7 @@ def prompt_features(wav_16k: np.ndarray, speech_tokens: np.ndarray) -> tuple[np.
 Tokenize = Callable[[np.ndarray], np.ndarray]
 Embed = Callable[[np.ndarray], np.ndarray]
 Generate = Callable[[np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
+GenerateChat = Callable[[str, str, np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
 Token2WavCall = Callable[[np.ndarray, Voice, "int | None", "bool | None", str], np.ndarray]
 
 
@@ -104,11 +107,13 @@ class CosyVoice2Service:
         schedule: StreamSchedule | None = None,
         limits: RequestLimits | None = None,
         voice_cache_size: int = 256,
+        generate_chat: GenerateChat | None = None,
     ) -> None:
         self.prompter = prompter
         self.tokenize = tokenize
         self.embed = embed
         self.generate = generate
+        self.generate_chat = generate_chat
         self.token2wav = token2wav
         self.default_voice = default_voice
         self.sampling = sampling
@@ -132,14 +137,18 @@ class CosyVoice2Service:
 
     def _speech(self, request: CosyVoice2Request, streaming: bool) -> tuple[Voice, Iterator[np.ndarray]]:
         voice = self.voice(request)
-        prompt = np.asarray(
-            self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens), dtype=np.int32
-        )
         sampling = self.sampling
         if request.tokens is not None:
             sampling = replace(
                 sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
             )
+        if self.generate_chat is not None:
+            return voice, self.generate_chat(
+                voice.text, request.target_text, voice.speech_tokens, sampling, streaming
+            )
+        prompt = np.asarray(
+            self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens), dtype=np.int32
+        )
         return voice, self.generate(prompt, sampling, streaming)
 
     def synthesize(self, request: CosyVoice2Request, request_id: str) -> np.ndarray:

@@ -1,5 +1,8 @@
 """CosyVoice2 BLS: audio_tokenizer + speaker_embedding → tensorrt_llm → token2wav, whole or streamed.
 
+With the optional parameter `llm_endpoint` (the URL of an OpenAI-compatible `/v1/chat/completions`, such as
+trtllm-serve's) the LLM is reached over HTTP instead of the tensorrt_llm model (disaggregated serving).
+
 Each request runs on a worker thread, so one instance serves many requests at once; the models it calls
 batch them.
 """
@@ -13,6 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
+from tritontts.cosyvoice2.llm_http import ChatEndpoint, ChatSpeechClient
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, Decoding
 from tritontts.cosyvoice2.service import CosyVoice2Service, Voice, check_request
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
@@ -51,6 +55,8 @@ class TritonPythonModel:
         }
         self.prompter = CosyVoice2Prompt.from_llm_dir(model_param(config, "llm_tokenizer_dir"))
         spk2info = Path(model_param(config, "model_dir")) / "spk2info.pt"
+        endpoint = model_param(config, "llm_endpoint", default="")
+        self.llm_http = ChatSpeechClient(ChatEndpoint(endpoint)) if endpoint else None
         default_voice = Voice.cached(load_spk2info(spk2info)[DEFAULT_SPEAKER]) if spk2info.exists() else None
         self.service = CosyVoice2Service(
             self.prompter,
@@ -63,6 +69,7 @@ class TritonPythonModel:
             schedule,
             self.limits,
             model_param(config, "voice_cache_size", int, default=256),
+            generate_chat=None if self.llm_http is None else self.llm_http.generate,
         )
         self.pool = ThreadPoolExecutor(
             max_workers=model_param(config, "max_concurrent_requests", int, default=64)
@@ -135,3 +142,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.llm_http is not None:
+            self.llm_http.close()
