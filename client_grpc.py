@@ -6,11 +6,14 @@
     python client_grpc.py --mode offline --sweep 1,2,4,8,16 --huggingface-dataset exp/bench_data
     python client_grpc.py --reference-audio prompt.wav --reference-text "..." --target-text "..."
     python client_grpc.py --model-name cosyvoice2 --use-spk2info-cache true --target-text "..."
+    python client_grpc.py --model-name cosyvoice2 --mode streaming --num-tasks 4 \
+        --server-addrs localhost:18001,localhost:18002 --num-gpus 3   # disaggregated: token2wav servers
 
 Each of `--num-tasks` workers is a thread with its own gRPC client, sending its share of the rows one after
 another. Streaming requests go over a decoupled stream; the first-chunk latency is taken when the first
 non-empty audio chunk arrives in the stream's callback. Writes summary.json, summary.md, latency.png and
-one WAV per row into --log-dir. With --use-spk2info-cache true only target_text is sent, as upstream's client
+one WAV per row into --log-dir. With --server-addrs, worker i sends to server i mod n and the reports add a
+per-server table (requests, first-chunk and whole latency by server). With --use-spk2info-cache true only target_text is sent, as upstream's client
 does, and CosyVoice2 speaks as the cached speaker of its spk2info.pt; the dataset's prompts are not used.
 """
 
@@ -32,6 +35,7 @@ import soundfile
 from tritontts.bench import triton_io
 from tritontts.bench.dataset import DatasetError, Utterance, load_manifest, load_utterances
 from tritontts.bench.durations import expected_tokens
+from tritontts.bench.per_server import parse_servers, server_of_worker, server_rows, server_table
 from tritontts.bench.report import markdown_table, write_report
 from tritontts.bench.stats import BenchmarkRun, RequestRecord
 from tritontts.streaming import crossfade_concat
@@ -43,6 +47,18 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server-addr", default="localhost", help="Triton host")
     p.add_argument("--server-port", type=int, default=8001, help="Triton gRPC port")
+    p.add_argument(
+        "--server-addrs",
+        default=None,
+        help="host:port,host:port: spread the workers round-robin over these gRPC servers (replaces "
+        "--server-addr/--server-port)",
+    )
+    p.add_argument(
+        "--num-gpus",
+        type=int,
+        default=None,
+        help="GPUs of the deployment (LLM's included), for the per-server table's concurrent_tasks_per_gpu",
+    )
     p.add_argument(
         "--model-name", default="spark_tts", help="Triton model to request (spark_tts, cosyvoice2)"
     )
@@ -142,13 +158,13 @@ def load_items(args: argparse.Namespace) -> list[Utterance]:
 class Requester:
     """Sends requests over one gRPC client; one per worker thread."""
 
-    def __init__(self, args: argparse.Namespace, output_rate: int) -> None:
+    def __init__(self, args: argparse.Namespace, output_rate: int, server: str) -> None:
         import tritonclient.grpc as grpcclient
 
         self.grpc = grpcclient
         self.args = args
         self.output_rate = output_rate
-        self.client = grpcclient.InferenceServerClient(url=f"{args.server_addr}:{args.server_port}")
+        self.client = grpcclient.InferenceServerClient(url=server)
         padding = args.padding_duration
         self.padding = DEFAULT_PADDING_SECONDS[args.mode] if padding is None else padding
         self.token_rate = triton_io.token_rate(args.model_name)
@@ -224,10 +240,21 @@ class Requester:
         return audio, RequestRecord(utt.id, latency, audio.size / self.output_rate, first_chunk, len(chunks))
 
 
+def servers(args: argparse.Namespace) -> list[str]:
+    if args.server_addrs:
+        return parse_servers(args.server_addrs)
+    return [f"{args.server_addr}:{args.server_port}"]
+
+
 def run_benchmark(
-    args: argparse.Namespace, items: Sequence[Utterance], concurrency: int, wav_dir: Path
+    args: argparse.Namespace,
+    items: Sequence[Utterance],
+    concurrency: int,
+    wav_dir: Path,
+    record_servers: dict[str, str] | None = None,
 ) -> BenchmarkRun:
-    """Sends every item once with `concurrency` workers; failed requests are recorded, not raised."""
+    """Sends every item once with `concurrency` workers, worker i to server i mod n; failed requests are
+    recorded, not raised. `record_servers` (when given) gets each request's server by its id."""
     from tqdm import tqdm
 
     output_rate = triton_io.output_sample_rate(args.model_name, args.sample_rate)
@@ -243,8 +270,11 @@ def run_benchmark(
         disable=len(items) == 1,
     )
 
-    def work(share: list[Utterance]) -> None:
-        requester = Requester(args, output_rate)
+    targets = servers(args)
+
+    def work(worker: int, share: list[Utterance]) -> None:
+        server = server_of_worker(targets, worker)
+        requester = Requester(args, output_rate, server)
         send = requester.streaming if args.mode == "streaming" else requester.offline
         try:
             for utt in share:
@@ -259,13 +289,15 @@ def run_benchmark(
                     progress.write(f"request {utt.id} failed: {message}", file=sys.stderr)
                 with lock:
                     records.append(record)
+                    if record_servers is not None:
+                        record_servers[utt.id] = server
                     progress.update(1)
         finally:
             requester.close()
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(shares)) as pool:
-        for future in [pool.submit(work, share) for share in shares]:
+        for future in [pool.submit(work, i, share) for i, share in enumerate(shares)]:
             future.result()
     wall = time.perf_counter() - start
     progress.close()
@@ -286,12 +318,12 @@ def concurrencies(args: argparse.Namespace) -> list[int]:
 def check_server(args: argparse.Namespace) -> None:
     import tritonclient.grpc as grpcclient
 
-    url = f"{args.server_addr}:{args.server_port}"
-    client = grpcclient.InferenceServerClient(url=url)
-    try:
-        triton_io.check_server(client, url, "gRPC", args.model_name, streaming=args.mode == "streaming")
-    finally:
-        client.close()
+    for url in servers(args):
+        client = grpcclient.InferenceServerClient(url=url)
+        try:
+            triton_io.check_server(client, url, "gRPC", args.model_name, streaming=args.mode == "streaming")
+        finally:
+            client.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -332,13 +364,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if failed:
             print(f"error: a warm-up request failed: {failed[0]}", file=sys.stderr)
             return 1
-    runs = []
+    runs, per_server = [], []
+    targets = servers(args)
     for level in levels:
         wav_dir = log_dir if len(levels) == 1 else log_dir / f"concurrency_{level}"
-        runs.append(run_benchmark(args, items, level, wav_dir))
+        record_servers: dict[str, str] = {}
+        runs.append(run_benchmark(args, items, level, wav_dir, record_servers))
+        rows = server_rows(runs[-1], record_servers, targets, args.num_gpus)
+        per_server.append({"concurrency": runs[-1].concurrency, "servers": rows})
     metadata = {
         "model_name": args.model_name,
-        "server": f"{args.server_addr}:{args.server_port}",
+        "server": ",".join(targets),
         "protocol": "grpc",
         "dataset": args.manifest_path or args.huggingface_dataset,
         "split": None if args.manifest_path else args.split_name,
@@ -353,8 +389,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         else None,
         "warmup_requests": args.warmup,
     }
+    if args.server_addrs:
+        metadata["per_server"] = per_server
     paths = write_report(runs, log_dir, metadata)
     print(markdown_table(runs), end="")
+    if args.server_addrs:
+        tables = "".join(
+            f"\nconcurrency {entry['concurrency']}:\n\n" + server_table(entry["servers"])
+            for entry in per_server
+        )
+        with open(paths["markdown"], "a", encoding="utf-8") as markdown:
+            markdown.write("\n## By server\n" + tables)
+        print(tables, end="")
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
     failed = sum(not r.ok for run in runs for r in run.records)
     if failed:
