@@ -115,7 +115,7 @@ def get_parser() -> argparse.ArgumentParser:
         "--warmup",
         type=int,
         default=0,
-        help="send the first N rows once, one at a time, before measuring (first-call costs); not counted",
+        help="send the first N rows once, one at a time, to every server before measuring; not counted",
     )
     p.add_argument(
         "--log-interval", type=int, default=5, help="kept for upstream compatibility (tqdm shows progress)"
@@ -358,14 +358,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
 
+    targets = servers(args)
     if args.warmup > 0:
-        warm = run_benchmark(args, items[: args.warmup], 1, log_dir / "warmup")
+        # one worker per server, each sending the first N rows one at a time
+        warm_items = list(items[: args.warmup]) * len(targets)
+        warm = run_benchmark(args, warm_items, len(targets), log_dir / "warmup")
         failed = [r.error for r in warm.records if not r.ok]
         if failed:
             print(f"error: a warm-up request failed: {failed[0]}", file=sys.stderr)
             return 1
     runs, per_server = [], []
-    targets = servers(args)
     for level in levels:
         wav_dir = log_dir if len(levels) == 1 else log_dir / f"concurrency_{level}"
         record_servers: dict[str, str] = {}
