@@ -12,9 +12,10 @@
 Each of `--num-tasks` workers is a thread with its own gRPC client, sending its share of the rows one after
 another. Streaming requests go over a decoupled stream; the first-chunk latency is taken when the first
 non-empty audio chunk arrives in the stream's callback. Writes summary.json, summary.md, latency.png and
-one WAV per row into --log-dir. With --server-addrs, worker i sends to server i mod n and the reports add a
-per-server table (requests, first-chunk and whole latency by server). With --use-spk2info-cache true only target_text is sent, as upstream's client
+one WAV per row into --log-dir. With --use-spk2info-cache true only target_text is sent, as upstream's client
 does, and CosyVoice2 speaks as the cached speaker of its spk2info.pt; the dataset's prompts are not used.
+With --server-addrs, worker i sends to server i mod n and the reports add a per-server table (requests,
+first-chunk and whole latency by server).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""CosyVoice2's LLM over a chat-completions endpoint: upstream's payload, `<|s_N|>` parsing, errors, cancelling,
-and the service's `generate_chat` seam. The endpoint is an httpx mock transport here; test_disaggregated.py runs
-the real server.
+"""CosyVoice2's LLM over a chat-completions endpoint: upstream's payload, `<|s_N|>` parsing, errors,
+cancelling, and the service's `generate_chat` seam. The endpoint is an httpx mock transport here;
+test_disaggregated.py runs the real server.
 """
 
 from __future__ import annotations
