@@ -3,64 +3,18 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import numpy as np
 import soundfile
-
-from tritontts.triton.server import free_ports
+from http_service import http_service
 
 UNKNOWN_LENGTH = 2**63 - 1  # what libsndfile reports for a FLAC stream whose STREAMINFO has no length
 
 
-@contextmanager
-def api_process(*args: str, log_file: Path, wait_for: int = 200) -> Iterator[str]:
+def api_process(*args: str, log_file: Path, wait_for: int = 200):
     """The API's base URL once `/health` answers `wait_for`; the process ends on exit."""
-    (port,) = free_ports(1)
-    command = [
-        sys.executable,
-        "-m",
-        "tritontts.openai_api",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *args,
-    ]
-    with open(log_file, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"the API exited with {process.returncode}:\n{log_file.read_text()[-3000:]}"
-                )
-            try:
-                if httpx.get(f"{url}/health", timeout=10).status_code == wait_for:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the API did not answer {wait_for} on /health:\n{log_file.read_text()[-3000:]}"
-                )
-            time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return http_service("tritontts.openai_api", [*args, "--log-level", "warning"], log_file, wait_for)
 
 
 def decode(data: bytes, response_format: str, pcm_rate: int) -> tuple[np.ndarray, int]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 from cosyvoice2_models import COMMON, TEMPLATES, install_template
+from http_service import http_service
 
 from tritontts.bench.dataset import load_utterances
 from tritontts.bench.durations import expected_tokens
@@ -63,15 +62,9 @@ def build_token2wav_repo(repo: Path, model_dir: Path, llm_dir: Path, llm_endpoin
 @contextmanager
 def llm_server(llm_dir: Path, log_file: Path) -> Iterator[str]:
     """The chat-completions URL once `/health` answers; the process ends on exit."""
-    (port,) = free_ports(1)
-    command = [
-        sys.executable,
-        "-m",
-        "tritontts.llm.openai_server",
+    args = [
         "--model-dir",
         str(llm_dir),
-        "--port",
-        str(port),
         "--device",
         "cpu",
         "--max-batch-size",
@@ -82,30 +75,8 @@ def llm_server(llm_dir: Path, log_file: Path) -> Iterator[str]:
         "--log-level",
         "warning",
     ]
-    with open(log_file, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the LLM server exited:\n{log_file.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the LLM server did not start:\n{log_file.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield f"{base}/v1/chat/completions"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with http_service("tritontts.llm.openai_server", args, log_file, timeout_s=90) as url:
+        yield f"{url}/v1/chat/completions"
 
 
 def token2wav_server(root: Path, name: str, model_dir: Path, llm_dir: Path, endpoint: str) -> TritonServer:

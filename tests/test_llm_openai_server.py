@@ -10,8 +10,6 @@ import asyncio
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from http_service import http_service
 
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, prompt_text
 from tritontts.cosyvoice2.tokens import SPEECH_STOP_TOKENS
@@ -78,31 +77,13 @@ def engine(llm_dir) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def server(llm_dir, tmp_path_factory) -> Iterator[str]:
-    (port,) = free_ports(1)
     log_file = tmp_path_factory.mktemp("llm_server") / "server.log"
-    command = [
-        *(sys.executable, "-m", "tritontts.llm.openai_server", "--model-dir", str(llm_dir)),
-        *("--port", str(port), "--device", "cpu", "--max-batch-size", "4", "--max-seq-len", str(MAX_SEQ_LEN)),
-        *("--no-cuda-graphs", "--log-level", "warning"),
+    args = [
+        *("--model-dir", str(llm_dir), "--device", "cpu", "--max-batch-size", "4"),
+        *("--max-seq-len", str(MAX_SEQ_LEN), "--no-cuda-graphs", "--log-level", "warning"),
     ]
-    with open(log_file, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log_file.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_file.read_text()[-3000:]
-            time.sleep(0.2)
+    with http_service("tritontts.llm.openai_server", args, log_file, timeout_s=60) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
 
 
 def engine_speech(engine: LLMEngine, prompt: CosyVoice2Prompt, ids: list[int], seed: int, max_tokens: int):
