@@ -97,3 +97,9 @@ def generate_tokens(
     inputs = llm_request_inputs(prompt_ids, end_id, pad_id, params, streaming)
     for out in stream_model(pb_utils, model, inputs, OUTPUT_NAMES, decoupled=decoupled):
         yield generated_tokens(out["output_ids"], out["sequence_length"])
+
+
+def reference_wav_arrays(wav: np.ndarray) -> dict[str, np.ndarray]:
+    """One reference audio as the audio_tokenizer models take it: FP32 [1, N] and its INT32 [1, 1] length."""
+    wav = np.asarray(wav, dtype=np.float32).reshape(1, -1)
+    return {"reference_wav": wav, "reference_wav_len": np.array([[wav.shape[1]]], dtype=np.int32)}

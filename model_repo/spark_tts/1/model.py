@@ -20,7 +20,7 @@ from tritontts.spark.service import (
     check_token_budget,
 )
 from tritontts.streaming import ChunkSchedule
-from tritontts.triton.bls import call_model, generate_tokens
+from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
@@ -69,10 +69,7 @@ class TritonPythonModel:
         out = call_model(
             pb_utils,
             self.models["audio_tokenizer"],
-            {
-                "reference_wav": wav.reshape(1, -1),
-                "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
-            },
+            reference_wav_arrays(wav),
             ["global_tokens", "semantic_tokens"],
         )
         return VoiceTokens(out["global_tokens"].reshape(-1), out["semantic_tokens"].reshape(-1))

@@ -23,7 +23,7 @@ from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.cosyvoice2.wire import token2wav_arrays
 from tritontts.spark.service import RequestLimits, check_token_budget
-from tritontts.triton.bls import call_model, generate_tokens
+from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import error_response, model_param, optional_input, string_input
 from tritontts.triton.stream_sender import serve_stream
@@ -79,10 +79,7 @@ class TritonPythonModel:
         out = call_model(
             pb_utils,
             self.models["audio_tokenizer"],
-            {
-                "reference_wav": wav.reshape(1, -1),
-                "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
-            },
+            reference_wav_arrays(wav),
             ["prompt_speech_tokens"],
         )
         return out["prompt_speech_tokens"].reshape(-1) - self.prompter.ids.speech_base
