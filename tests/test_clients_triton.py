@@ -130,3 +130,57 @@ def test_realistic_lengths_ask_for_the_expected_token_count(server, prompt_zh, t
     assert done.returncode == 0, done.stderr
     (wav,) = list(tmp_path.rglob("*.wav"))
     assert soundfile.info(wav).frames == expected_tokens(target) * 320
+
+
+def test_warmup_rows_are_sent_but_not_counted(server, bench_data, tmp_path):
+    import tritonclient.http as httpclient
+
+    def executed() -> int:
+        client = httpclient.InferenceServerClient(server.http_url)
+        (stats,) = client.get_inference_statistics(MODELS["offline"])["model_stats"]
+        client.close()
+        return int(stats["inference_stats"]["success"]["count"])
+
+    before = executed()
+    done = grpc_client(
+        server,
+        "--model-name",
+        MODELS["offline"],
+        "--mode",
+        "offline",
+        "--warmup",
+        "2",
+        "--huggingface-dataset",
+        str(bench_data),
+        "--log-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    assert executed() - before == 4 + 2
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (run,) = summary["runs"]
+    assert summary["warmup_requests"] == 2
+    assert (run["requests"], run["succeeded"]) == (4, 4)
+    assert len(list((tmp_path / "warmup").glob("*.wav"))) == 2
+
+
+def test_sigusr1_prints_every_thread_of_a_model_to_the_server_log(server):
+    import os
+    import signal
+    import time
+
+    session = str(server.server.process.pid)  # the stubs run in the server's session
+    pattern = "triton_python_backend_stub.*spark_tts_offline"
+    stubs = subprocess.run(
+        ["pgrep", "-s", session, "-f", pattern], capture_output=True, text=True
+    ).stdout.split()
+    assert stubs, "no python-backend stub of spark_tts_offline found"
+    log = Path(server.server.config.log_file)
+    size = log.stat().st_size
+    os.kill(int(stubs[0]), signal.SIGUSR1)
+    for _ in range(50):
+        added = log.read_bytes()[size:].decode(errors="replace")
+        if "most recent call first" in added:
+            break
+        time.sleep(0.1)
+    assert "most recent call first" in added, added[-2000:]
