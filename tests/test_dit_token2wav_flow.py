@@ -1,0 +1,253 @@
+"""Step-Audio-2 DiT flow: flow.yaml reading, strict flow.pt loading, and parity with upstream (tiny preset).
+
+`data/dit_flow_keys.json` is upstream's CausalMaskedDiffWithXvec state_dict (names and shapes, in order)
+built with the full flow.yaml values. `data/dit_token2wav_golden.npz` holds what upstream's code (the
+Step-Audio2 `trt` branch: cosyvoice2/flow/*, flashcosyvoice HiFTGenerator) computed, fp32 on CPU, from the
+synthetic tiny checkpoint `write_dit_token2wav(dir, "tiny", seed=0)` and the inputs stored beside the
+outputs: its `rand_noise` buffer set to the seed-0 draw ours uses, the offline noise drawn after
+`torch.manual_seed(offline_seed)`, the streaming caches trimmed as the Triton `token2wav_dit` model does,
+HiFT's noise drawn after `torch.manual_seed(hift_seeds[i])`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tritontts.checkpoint import CheckpointError
+from tritontts.cosyvoice2.config import EncoderConfig
+from tritontts.cosyvoice2.hift import load_hift
+from tritontts.dit_token2wav.config import DiTConfig, DiTFlowConfig, dit_flow_config_from_text
+from tritontts.dit_token2wav.flow import FLOW_FILE, DiTFlow, FlowCache, load_dit_flow
+from tritontts.dit_token2wav.token2wav import hift_config_of
+from tritontts.spark.config import ConfigError
+from tritontts.synthetic.dit_token2wav import (
+    flow_yaml,
+    preset_config,
+    random_flow_state_dict,
+    write_dit_token2wav,
+)
+
+DATA = Path(__file__).parent / "data"
+GOLDEN = np.load(DATA / "dit_token2wav_golden.npz")
+ESTIMATOR_CACHE_TAIL = 100
+FLOW_ATOL = 2e-5
+HIFT_ATOL = 2e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny models gain nothing from intra-op threads, and on a shared 2-core machine the spinning
+    OpenMP workers slow every op down many times over."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dit_token2wav(tmp_path_factory.mktemp("dit_tiny"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def flow(model_dir: Path) -> DiTFlow:
+    torch.manual_seed(4321)  # nothing of the flow may depend on the global RNG
+    return load_dit_flow(model_dir)
+
+
+def _tensor(name: str) -> torch.Tensor:
+    return torch.from_numpy(GOLDEN[name])[None]
+
+
+def _setup_tokens() -> torch.Tensor:
+    prompt = GOLDEN["prompt_tokens"]
+    return torch.from_numpy(np.concatenate([prompt, prompt[:3]]))[None]
+
+
+def _max_error(ours: torch.Tensor, expected: np.ndarray) -> float:
+    assert tuple(ours.shape) == expected.shape
+    return float(np.abs(ours.numpy() - expected).max())
+
+
+def test_full_yaml_reads_the_pinned_values() -> None:
+    assert preset_config("full") == DiTFlowConfig(
+        encoder=EncoderConfig(
+            input_size=512,
+            output_size=512,
+            attention_heads=8,
+            linear_units=2048,
+            num_blocks=6,
+            static_chunk_size=0,
+            num_up_blocks=4,
+            upsample_stride=2,
+        ),
+        estimator=DiTConfig(
+            in_channels=320,
+            out_channels=80,
+            mlp_ratio=4.0,
+            depth=16,
+            num_heads=8,
+            head_dim=64,
+            hidden_size=512,
+        ),
+        pre_lookahead_len=3,
+        inference_cfg_rate=0.7,
+        input_size=512,
+        output_size=80,
+        spk_embed_dim=192,
+        vocab_size=6561,
+    )
+
+
+def test_full_state_dict_is_upstreams() -> None:
+    expected = json.loads((DATA / "dit_flow_keys.json").read_text())
+    with torch.device("meta"):
+        ours = {k: list(v.shape) for k, v in DiTFlow(preset_config("full")).state_dict().items()}
+    assert list(ours) == list(expected)
+    assert ours == expected
+    assert sum(int(np.prod(shape)) for shape in ours.values()) == 155_802_352
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "named"),
+    [
+        (
+            "cosyvoice2.flow.decoder_dit.DiT",
+            "cosyvoice.flow.decoder.ConditionalDecoder",
+            "flow.decoder.estimator",
+        ),
+        ("    output_type: 'mel'\n", "    input_embedding: !new:torch.nn.Embedding\n", "input_embedding"),
+        ("pos_enc_layer_type: 'rel_pos_espnet'", "pos_enc_layer_type: 'rel_pos'", "pos_enc_layer_type"),
+        ("normalize_before: true", "normalize_before: false", "normalize_before"),
+        ("up_scale_factor: 2", "up_scale_factor: 3", "up_scale_factor"),
+        ("output_type: 'mel'", "output_type: 'linear'", "output_type"),
+        ("head_dim: 16", "head_dim: 16\n            dropout: 0.1", "dropout"),
+        ("depth: 2", "depth: two", "depth"),
+        ("in_channels: 320", "in_channels: 240", "in_channels"),
+        ("inference_cfg_rate: 0.7", "inference_cfg_rate: 0.0", "inference_cfg_rate"),
+        (
+            "    input_size: 64\n    output_size: 80",
+            "    input_size: 64\n    output_size: 100",
+            "output_size",
+        ),
+    ],
+)
+def test_bad_flow_yaml_names_the_field(old: str, new: str, named: str) -> None:
+    text = flow_yaml("tiny")
+    assert old in text
+    with pytest.raises(ConfigError, match=named):
+        dit_flow_config_from_text(text.replace(old, new, 1))
+
+
+def test_flow_yaml_without_sections_names_them() -> None:
+    with pytest.raises(ConfigError, match="flow"):
+        dit_flow_config_from_text("hift: {}\n")
+    estimator = flow_yaml("tiny").split("        estimator:")[0]
+    with pytest.raises(ConfigError, match="flow.decoder.estimator"):
+        dit_flow_config_from_text(estimator)
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda s: s.pop("decoder.estimator.blocks.1.attn.k_norm.bias"), "blocks.1.attn.k_norm.bias"),
+        (lambda s: s.update({"encoder.embed.pos_enc.pe": torch.zeros(3)}), "encoder.embed.pos_enc.pe"),
+        (lambda s: s.update({"encoder_proj.weight": torch.zeros(80, 63)}), "encoder_proj.weight"),
+    ],
+)
+def test_strict_loading_names_the_bad_key(model_dir: Path, tmp_path: Path, edit, named: str) -> None:
+    state = random_flow_state_dict(preset_config("tiny"), seed=0)
+    edit(state)
+    torch.save(state, tmp_path / FLOW_FILE)
+    (tmp_path / "flow.yaml").write_text(flow_yaml("tiny"))
+    with pytest.raises(CheckpointError, match=named.replace(".", r"\.")):
+        load_dit_flow(tmp_path)
+
+
+def test_offline_inference_matches_upstream(flow: DiTFlow) -> None:
+    target = GOLDEN["target"][: int(GOLDEN["offline_target"])]
+    tokens = torch.from_numpy(np.concatenate([GOLDEN["prompt_tokens"], target]))[None]
+    count = tokens.shape[1]
+    generator = torch.Generator().manual_seed(int(GOLDEN["offline_seed"]))
+    noise = torch.randn(1, 80, 2 * count, generator=generator)
+    mel = flow.inference(tokens, _tensor("prompt_mel"), _tensor("embedding"), noise=noise)
+    assert mel.dtype == torch.float32
+    assert _max_error(mel[0], GOLDEN["offline_mel"]) < FLOW_ATOL
+
+
+def _packed(cache: FlowCache) -> dict[str, torch.Tensor]:
+    """Our caches in upstream's layout (its encoder caches are packed into two tensors)."""
+    encoder = cache.encoder
+    return {
+        "conformer_cnn_cache": torch.cat([encoder.lookahead, encoder.upsample], dim=2),
+        "conformer_att_cache": torch.cat([encoder.attention.repeat(1, 1, 1, 2, 1), encoder.up_attention]),
+        "estimator_cnn_cache": cache.estimator.cnn,
+        "estimator_att_cache": cache.estimator.att,
+    }
+
+
+def test_setup_cache_and_chunks_match_upstream(flow: DiTFlow) -> None:
+    embedding = _tensor("embedding")
+    prompt_frames = 2 * len(GOLDEN["prompt_tokens"])
+    cache = flow.setup_cache(_setup_tokens(), _tensor("prompt_mel"), embedding)
+    assert cache.estimator.frames == prompt_frames
+    for index, (start, end, last) in enumerate(GOLDEN["chunks"]):
+        tokens = torch.from_numpy(GOLDEN["target"][start:end])[None]
+        mel, cache = flow.inference_chunk(tokens, embedding, cache, last_chunk=bool(last))
+        cache = cache.trimmed(prompt_frames, ESTIMATOR_CACHE_TAIL)
+        assert _max_error(mel[0], GOLDEN[f"chunk{index}_mel"]) < FLOW_ATOL
+        if index == 1:
+            assert cache.estimator.frames == prompt_frames + ESTIMATOR_CACHE_TAIL  # the trim happened
+            for name, tensor in _packed(cache).items():
+                assert _max_error(tensor.sum(-1), GOLDEN[f"cache_{name}_sum"]) < 1e-4, name
+
+
+def test_hift_matches_upstream(model_dir: Path) -> None:
+    path = model_dir / "hift.pt"
+    hift = load_hift(path, hift_config_of(path))
+    offline = _tensor("offline_mel")
+    (a1, b1), (a2, b2) = GOLDEN["hift_mel1_range"], GOLDEN["hift_mel2_range"]
+    seed1, seed2 = (int(s) for s in GOLDEN["hift_seeds"])
+    speech1, source1 = hift.inference(offline[:, :, a1:b1], None, torch.Generator().manual_seed(seed1))
+    speech2, _ = hift.inference(
+        offline[:, :, a2:b2], source1[:, :, -3840:], torch.Generator().manual_seed(seed2)
+    )
+    assert _max_error(speech1[0], GOLDEN["hift_speech1"]) < HIFT_ATOL
+    assert _max_error(speech2[0], GOLDEN["hift_speech2"]) < HIFT_ATOL
+
+
+def test_fixed_noise_does_not_depend_on_the_global_rng(flow: DiTFlow, model_dir: Path) -> None:
+    torch.manual_seed(99)
+    other = load_dit_flow(model_dir)
+    torch.testing.assert_close(other.decoder.rand_noise, flow.decoder.rand_noise, rtol=0, atol=0)
+    assert flow.decoder.rand_noise.shape == (1, 80, 30000)
+
+
+def test_chunk_and_prompt_shape_errors(flow: DiTFlow) -> None:
+    embedding = _tensor("embedding")
+    with pytest.raises(ValueError, match="prompt mel"):
+        flow.setup_cache(_setup_tokens(), _tensor("prompt_mel")[:, :-2], embedding)
+    cache = flow.setup_cache(_setup_tokens(), _tensor("prompt_mel"), embedding)
+    with pytest.raises(ValueError, match="more than 3 tokens"):
+        flow.inference_chunk(torch.tensor([[1, 2, 3]]), embedding, cache)
+    with pytest.raises(ValueError, match="batch 1"):
+        flow.inference_chunk(torch.zeros(2, 8, dtype=torch.long), embedding, cache)
+
+
+def test_bfloat16_flow_stays_close_to_fp32(model_dir: Path, flow: DiTFlow) -> None:
+    low = load_dit_flow(model_dir, dtype=torch.bfloat16)
+    embedding = _tensor("embedding")
+    tokens = torch.from_numpy(GOLDEN["target"][:8])[None]
+    ours = [
+        model.inference_chunk(
+            tokens, embedding, model.setup_cache(_setup_tokens(), _tensor("prompt_mel"), embedding)
+        )[0]
+        for model in (flow, low)
+    ]
+    assert ours[1].dtype == torch.float32 and ours[1].shape == ours[0].shape == (1, 80, 10)
+    assert (ours[1] - ours[0]).abs().max() < 0.1 * ours[0].abs().max()

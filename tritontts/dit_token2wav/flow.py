@@ -1,0 +1,182 @@
+"""The Step-Audio-2 token2wav flow: speech tokens (+ prompt mel, speaker x-vector) → 80-bin mel at 50 Hz.
+
+Whole-utterance `inference` over prompt + target tokens, or streaming: `setup_cache` runs the prompt
+(with `pre_lookahead_len` look-ahead tokens after it) and keeps the encoder's and the estimator's caches;
+each `inference_chunk` continues from a cache and returns the next one. Module layout and parameter names
+are upstream's CausalMaskedDiffWithXvec, so `flow.pt` loads strictly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tritontts.checkpoint import CheckpointError, load_strict, read_state_dict
+from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
+from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
+from tritontts.dit_token2wav.dit import DiT
+from tritontts.dit_token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
+
+FLOW_FILE = "flow.pt"
+
+
+@dataclass(frozen=True)
+class FlowCache:
+    """Everything a chunk continues from; tensors are never written in place, so a cache can be shared."""
+
+    encoder: EncoderCache
+    estimator: EstimatorCache
+
+    def trimmed(self, head: int, tail: int) -> FlowCache:
+        """The estimator's keys cut to `head` + `tail` frames (see EstimatorCache.trimmed)."""
+        return FlowCache(self.encoder, self.estimator.trimmed(head, tail))
+
+
+class DiTFlow(nn.Module):
+    def __init__(self, config: DiTFlowConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.input_embedding = nn.Embedding(config.vocab_size, config.input_size)
+        self.spk_embed_affine_layer = nn.Linear(config.spk_embed_dim, config.output_size)
+        self.encoder = UpsampleConformerEncoderV2(config.encoder, config.pre_lookahead_len)
+        self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
+        self.decoder = DiTCFM(DiT(config.estimator), config.inference_cfg_rate)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.encoder_proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder_proj.weight.device
+
+    def _speaker(self, embedding: Tensor) -> Tensor:
+        return self.spk_embed_affine_layer(F.normalize(embedding.to(self.device, self.dtype), dim=1))
+
+    def _tokens(self, tokens: Tensor) -> Tensor:
+        if tokens.dim() != 2 or tokens.size(0) != 1:
+            raise ValueError(f"tokens must be [1, n] (batch 1), got {tuple(tokens.shape)}")
+        return tokens.to(self.device, torch.long)
+
+    @torch.inference_mode()
+    def inference(
+        self,
+        tokens: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        n_timesteps: int | None = None,
+        noise: Tensor | None = None,
+    ) -> Tensor:
+        """The mel of prompt + target in one pass (full attention everywhere).
+
+        Args:
+            tokens: int [1, N], the prompt's speech tokens then the target's (negative ids read as 0).
+            prompt_feat: float [1, F, 80], the prompt's mel, F <= token_mel_ratio * N; it conditions the
+                first F frames.
+            embedding: float [1, spk_embed_dim], the speaker x-vector (normalized here).
+            noise: float [1, 80, token_mel_ratio * N], the flow's start, or None for the fixed noise.
+
+        Returns:
+            float32 [1, 80, token_mel_ratio * N]; the target's mel is what follows the first F frames.
+        """
+        tokens = self._tokens(tokens)
+        spks = self._speaker(embedding)
+        x = self.input_embedding(torch.clamp(tokens, min=0))
+        h, _ = self.encoder(x, torch.tensor([tokens.size(1)], device=self.device))
+        mu = self.encoder_proj(h).transpose(1, 2).contiguous()
+        frames = prompt_feat.size(1)
+        if frames > mu.size(2):
+            raise ValueError(f"prompt mel has {frames} frames, more than the {mu.size(2)} of the tokens")
+        cond = torch.zeros_like(mu)
+        cond[:, :, :frames] = prompt_feat.to(self.device, self.dtype).transpose(1, 2)
+        steps = n_timesteps or self.config.n_timesteps
+        return self.decoder(mu, spks, cond, steps, noise).float()
+
+    def _chunk(
+        self,
+        tokens: Tensor,
+        spks: Tensor,
+        cond: Tensor | None,
+        last_chunk: bool,
+        cache: FlowCache | None,
+        n_timesteps: int,
+    ) -> tuple[Tensor, FlowCache]:
+        x = self.input_embedding(tokens)
+        h, encoder_cache = self.encoder.forward_chunk(x, last_chunk, None if cache is None else cache.encoder)
+        mu = self.encoder_proj(h).transpose(1, 2).contiguous()
+        cond = torch.zeros_like(mu) if cond is None else cond
+        feat, estimator_cache = self.decoder.forward_chunk(
+            mu, spks, cond, n_timesteps, None if cache is None else cache.estimator
+        )
+        return feat, FlowCache(encoder_cache, estimator_cache)
+
+    @torch.inference_mode()
+    def setup_cache(
+        self, tokens: Tensor, mel: Tensor, embedding: Tensor, n_timesteps: int | None = None
+    ) -> FlowCache:
+        """The caches after the prompt.
+
+        Args:
+            tokens: int [1, n + pre_lookahead_len], the prompt's tokens then look-ahead tokens.
+            mel: float [1, token_mel_ratio * n, 80], the prompt's mel (the estimator's condition).
+            embedding: float [1, spk_embed_dim].
+        """
+        tokens = self._tokens(tokens)
+        frames = (tokens.size(1) - self.config.pre_lookahead_len) * self.config.token_mel_ratio
+        if mel.dim() != 3 or mel.size(1) != frames:
+            raise ValueError(
+                f"setup_cache: {tokens.size(1)} tokens (with {self.config.pre_lookahead_len} look-ahead) "
+                f"need a prompt mel of {frames} frames, got shape {tuple(mel.shape)}"
+            )
+        cond = mel.to(self.device, self.dtype).transpose(1, 2).contiguous()
+        steps = n_timesteps or self.config.n_timesteps
+        _, cache = self._chunk(tokens, self._speaker(embedding), cond, False, None, steps)
+        return cache
+
+    @torch.inference_mode()
+    def inference_chunk(
+        self,
+        tokens: Tensor,
+        embedding: Tensor,
+        cache: FlowCache,
+        last_chunk: bool = False,
+        n_timesteps: int | None = None,
+    ) -> tuple[Tensor, FlowCache]:
+        """The mel of the next chunk and the cache after it.
+
+        Args:
+            tokens: int [1, T]; the last `pre_lookahead_len` are look-ahead only (the next chunk starts with
+                them again) unless `last_chunk`, when all T get frames.
+        Returns:
+            (float32 [1, 80, token_mel_ratio * T'], FlowCache), T' = T - pre_lookahead_len or T.
+        """
+        steps = n_timesteps or self.config.n_timesteps
+        feat, cache = self._chunk(
+            self._tokens(tokens), self._speaker(embedding), None, last_chunk, cache, steps
+        )
+        return feat.float(), cache
+
+
+def load_dit_flow(
+    model_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    config: DiTFlowConfig | None = None,
+) -> DiTFlow:
+    """`flow.yaml` and `flow.pt` from a token2wav directory, loaded strictly; eval mode, in `dtype`."""
+    model_dir = Path(model_dir)
+    config = config or load_dit_flow_config(model_dir)
+    weights = model_dir / FLOW_FILE
+    state = read_state_dict(weights)
+    if any(not isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{weights} holds values that are not tensors")
+    with torch.device("meta"):
+        flow = DiTFlow(config)
+    flow.to_empty(device=device)
+    flow.decoder.reset_noise()
+    load_strict(flow, state, source=str(weights))
+    return flow.to(dtype=dtype).eval()

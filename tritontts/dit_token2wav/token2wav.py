@@ -1,0 +1,322 @@
+"""Step-Audio-2-mini token2wav: speech tokens → 24 kHz audio, offline or streamed, from the hub's files.
+
+A speaker is prepared once per reference recording (cached by its content): prompt tokens from the 25 Hz
+speech tokenizer, the CAMPPlus x-vector, the 24 kHz prompt mel, both cut to n = min(mel_frames // 2,
+tokens) tokens and 2n frames, and the flow's caches after the prompt (`setup_cache` over the n prompt
+tokens followed by the prompt's first `pre_lookahead_len` tokens as look-ahead, as upstream does).
+
+Streaming follows upstream's Triton `token2wav_dit` model: a call passes the chunk's tokens with its
+`pre_lookahead_len` look-ahead tokens at the end (the next call starts with them again; the last call,
+`finalize`, passes the rest). The flow continues the request's caches, its estimator keys then cut to the
+first prompt-frames and the last 100 entries (upstream's order, newest chunk first); HiFT vocodes the
+previous call's last 8 mel frames + the new ones with the previous source over those 8 frames,
+cross-fades its first 8 frames of audio with the previous call's tail (Hamming, 2 * 3840 samples) and
+withholds its own last 8 frames until the next call.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tritontts.audio import check_waveform
+from tritontts.checkpoint import CheckpointError, read_state_dict
+from tritontts.cosyvoice2.frontend import (
+    CAMPPLUS_FILE,
+    INPUT_SAMPLE_RATE,
+    REFERENCE_FIELD,
+    TOKENIZER_LIMITS,
+    SpeakerEmbedder,
+    SpeechTokenizer,
+    align_prompt_lengths,
+    prompt_speech_feat,
+    speaker_fbank,
+)
+from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift, official_key
+from tritontts.cosyvoice2.token2wav import fade_in_out
+from tritontts.dit_token2wav.config import FLOW_YAML
+from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, load_dit_flow
+from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
+from tritontts.voice_cache import VoiceCache, audio_key
+
+SPEECH_TOKENIZER_FILE = "speech_tokenizer_v2_25hz.onnx"
+SAMPLE_RATE = 24000
+MEL_CACHE_FRAMES = 8
+ESTIMATOR_CACHE_TAIL = 100
+SPEAKER_CACHE_SIZE = 8
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_HIFT_BASE_KEY = "conv_pre.parametrizations.weight.original1"
+_HIFT_F0_KEY = "f0_predictor.classifier.weight"
+
+__all__ = ["CAMPPLUS_FILE", "FLOW_YAML", "HIFT_FILE", "SPEECH_TOKENIZER_FILE", "DiTSpeaker", "DiTToken2Wav"]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """`auto` is the GPU when torch sees one, else the CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    return resolved
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
+def hift_config_of(path: str | Path) -> HiFTConfig:
+    """HiFTGenerator's defaults (upstream builds it without arguments), with the widths `hift.pt` holds."""
+    state = {official_key(k): v for k, v in read_state_dict(path).items()}
+    for key in (_HIFT_BASE_KEY, _HIFT_F0_KEY):
+        if key not in state:
+            raise CheckpointError(f"{path} does not match HiFT: missing keys: {key}")
+    return HiFTConfig(
+        base_channels=state[_HIFT_BASE_KEY].shape[0], f0_cond_channels=state[_HIFT_F0_KEY].shape[1]
+    )
+
+
+@dataclass(frozen=True)
+class DiTSpeaker:
+    """A prepared reference voice; shared by every request that uses it, never modified."""
+
+    key: str
+    prompt_tokens: Tensor
+    """int64 [1, n] on the flow's device"""
+    prompt_mel: Tensor
+    """[1, 2n, 80] in the flow's dtype"""
+    embedding: Tensor
+    """fp32 [1, 192] CAMPPlus x-vector"""
+    cache: FlowCache
+    """the flow's caches after the prompt"""
+
+    @property
+    def prompt_frames(self) -> int:
+        return self.prompt_mel.shape[1]
+
+
+@dataclass
+class _Stream:
+    flow_cache: FlowCache
+    generator: torch.Generator | None
+    mel: Tensor | None = None
+    """HiFT's last `MEL_CACHE_FRAMES` input frames"""
+    source: Tensor | None = None
+    """HiFT's source over those frames"""
+    speech: Tensor | None = None
+    """audio over those frames, withheld until the next call"""
+
+
+class DiTToken2Wav:
+    """The DiT flow (in `dtype`) and HiFT (fp32) on one device, with the prompt front end on ONNX Runtime.
+
+    `seed` makes HiFT's noise reproducible: each offline call and each stream starts a generator from it
+    (None: torch's global RNG, as upstream). Different request ids may be streamed from different threads.
+    """
+
+    def __init__(
+        self,
+        flow: DiTFlow,
+        hift: HiFT,
+        tokenizer: SpeechTokenizer | None = None,
+        speaker_embedder: SpeakerEmbedder | None = None,
+        seed: int | None = 0,
+        speaker_cache_size: int = SPEAKER_CACHE_SIZE,
+    ) -> None:
+        self.flow = flow
+        self.hift = hift
+        self.tokenizer = tokenizer
+        self.speaker_embedder = speaker_embedder
+        self.seed = seed
+        self.device = flow.device
+        self.token_mel_ratio = flow.config.token_mel_ratio
+        self.pre_lookahead_len = flow.config.pre_lookahead_len
+        self.vocab_size = flow.config.vocab_size
+        self.samples_per_frame = hift.config.samples_per_frame
+        self.source_cache_len = MEL_CACHE_FRAMES * self.samples_per_frame
+        window = torch.hamming_window(2 * self.source_cache_len, periodic=False, dtype=torch.float64)
+        self.speech_window = window.to(self.device)
+        self.speakers: VoiceCache[DiTSpeaker] = VoiceCache(speaker_cache_size)
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_model_dir(
+        cls,
+        model_dir: str | Path,
+        device: str | torch.device = "auto",
+        dtype: torch.dtype | str = torch.float32,
+        seed: int | None = 0,
+        speaker_cache_size: int = SPEAKER_CACHE_SIZE,
+    ) -> DiTToken2Wav:
+        """The `token2wav/` folder: flow.yaml, flow.pt, hift.pt, campplus.onnx, speech_tokenizer_v2_25hz.onnx.
+
+        The tokenizer runs on the GPU when the device is one and ONNX Runtime has CUDA, CAMPPlus on the
+        CPU (as upstream)."""
+        model_dir = Path(model_dir)
+        device = resolve_device(device)
+        flow = load_dit_flow(model_dir, device, resolve_dtype(dtype))
+        hift_path = model_dir / HIFT_FILE
+        hift = load_hift(hift_path, hift_config_of(hift_path), device)
+        tokenizer_device = "auto" if device.type == "cuda" else "cpu"
+        return cls(
+            flow,
+            hift,
+            SpeechTokenizer(model_dir / SPEECH_TOKENIZER_FILE, tokenizer_device),
+            SpeakerEmbedder(model_dir / CAMPPLUS_FILE, "cpu"),
+            seed,
+            speaker_cache_size,
+        )
+
+    def _generator(self) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(self.seed)
+
+    def _token_ids(self, tokens: list[int] | np.ndarray | Tensor, name: str = "tokens") -> Tensor:
+        ids = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, Tensor) else tokens)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1:
+            raise ValueError(
+                f"{name} must be a 1-D sequence of speech token ids, got shape {tuple(ids.shape)}"
+            )
+        if ids.numel() and (ids.dtype.is_floating_point or ids.dtype == torch.bool):
+            raise ValueError(f"{name} must be integers, got {ids.dtype}")
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)] if ids.numel() else ids
+        if bad.numel():
+            raise ValueError(f"{name}: speech token id {int(bad[0])} is outside [0, {self.vocab_size})")
+        return ids.to(self.device, torch.long).unsqueeze(0)
+
+    def speaker_from_features(
+        self, prompt_tokens: np.ndarray, prompt_mel: np.ndarray, embedding: np.ndarray, key: str = ""
+    ) -> DiTSpeaker:
+        """A speaker from its front-end outputs: tokens [n], mel [F, 80] at 24 kHz, x-vector [192]."""
+        tokens, mel = align_prompt_lengths(
+            np.asarray(prompt_tokens), np.asarray(prompt_mel, dtype=np.float32)
+        )
+        if len(tokens) == 0:
+            raise ValueError("the reference audio gives no prompt token (too short)")
+        ids = self._token_ids(tokens, "prompt tokens")
+        lookahead = ids[:, torch.arange(self.pre_lookahead_len, device=self.device) % ids.shape[1]]
+        mel_t = torch.from_numpy(mel)[None].to(self.device, self.flow.dtype)
+        vector = torch.as_tensor(np.asarray(embedding, dtype=np.float32)).reshape(1, -1).to(self.device)
+        cache = self.flow.setup_cache(torch.cat([ids, lookahead], dim=1), mel_t, vector)
+        return DiTSpeaker(key, ids, mel_t, vector, cache)
+
+    def prepare_speaker(self, wav_16k: np.ndarray, name: str = REFERENCE_FIELD) -> DiTSpeaker:
+        """A 16 kHz mono float reference (at most 30 s) → its speaker, computed once per distinct audio."""
+        if self.tokenizer is None or self.speaker_embedder is None:
+            raise RuntimeError("this DiTToken2Wav has no front end; build it with from_model_dir")
+        wav = check_waveform(wav_16k, INPUT_SAMPLE_RATE, TOKENIZER_LIMITS, name)
+        key = audio_key(wav, INPUT_SAMPLE_RATE)
+
+        def compute() -> DiTSpeaker:
+            samples = torch.from_numpy(wav)
+            tokens = self.tokenizer(wav, name)
+            mel = prompt_speech_feat(hann_sinc_resample(samples, INPUT_SAMPLE_RATE, SAMPLE_RATE))
+            embedding = self.speaker_embedder.embed_fbank(speaker_fbank(samples).numpy())
+            return self.speaker_from_features(tokens, mel, embedding, key)
+
+        speaker, _ = self.speakers.get_or_compute(key, compute)
+        return speaker
+
+    def _vocode(
+        self, mel: Tensor, cache_source: Tensor | None, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor]:
+        return self.hift.inference(mel.to(self.device, torch.float32), cache_source, generator)
+
+    def offline(self, tokens: list[int] | np.ndarray, speaker: DiTSpeaker) -> np.ndarray:
+        """Raw speech token ids [n] → float32 audio [n * 2 * 480] at 24 kHz (the flow in one pass)."""
+        ids = self._token_ids(tokens)
+        if ids.shape[1] == 0:
+            return np.zeros(0, dtype=np.float32)
+        mel = self.flow.inference(
+            torch.cat([speaker.prompt_tokens, ids], dim=1), speaker.prompt_mel, speaker.embedding
+        )
+        speech, _ = self._vocode(mel[:, :, speaker.prompt_frames :], None, self._generator())
+        return speech[0].cpu().numpy()
+
+    def _check_chunk(self, request_id: str, state: _Stream, count: int, finalize: bool) -> None:
+        if finalize:
+            return
+        if count <= self.pre_lookahead_len:
+            raise ValueError(
+                f"stream {request_id}: a chunk needs more than {self.pre_lookahead_len} tokens "
+                f"(its last {self.pre_lookahead_len} are look-ahead), got {count}"
+            )
+        frames = self.token_mel_ratio * (count - self.pre_lookahead_len)
+        held = 0 if state.mel is None else state.mel.shape[2]
+        if held + frames <= MEL_CACHE_FRAMES:
+            raise ValueError(
+                f"stream {request_id}: a chunk's audio must outlast the {MEL_CACHE_FRAMES} withheld mel frames; "
+                f"{count} tokens give {frames} frames"
+            )
+
+    def stream(
+        self, request_id: str, speaker: DiTSpeaker, tokens: list[int] | np.ndarray, finalize: bool
+    ) -> np.ndarray:
+        """The next piece of a request's audio (float32, 24 kHz).
+
+        `tokens` is the chunk with its look-ahead tokens at the end (the next chunk starts with those again),
+        or with `finalize` the rest of the utterance. The first call of a request id opens its state (from
+        `speaker`, which every later call of the request must pass again), the finalize call returns the
+        withheld tail and frees it. Calls for one request id must not overlap.
+        """
+        ids = self._token_ids(tokens)
+        with self._lock:
+            state = self._streams.get(request_id)
+        fresh = state is None
+        if fresh:
+            state = _Stream(speaker.cache, self._generator())
+        self._check_chunk(request_id, state, ids.shape[1], finalize)
+        if fresh:
+            with self._lock:
+                self._streams[request_id] = state
+        flow_cache = state.flow_cache
+        mel = state.mel
+        if ids.shape[1] > 0:
+            chunk_mel, flow_cache = self.flow.inference_chunk(ids, speaker.embedding, flow_cache, finalize)
+            flow_cache = flow_cache.trimmed(speaker.prompt_frames, ESTIMATOR_CACHE_TAIL)
+            chunk_mel = chunk_mel.to(self.device, torch.float32)
+            mel = chunk_mel if mel is None else torch.cat([mel, chunk_mel], dim=2)
+        if mel is None:
+            self.cancel(request_id)
+            return np.zeros(0, dtype=np.float32)
+        speech, source = self._vocode(mel, state.source, state.generator)
+        if state.speech is not None:
+            speech = fade_in_out(speech, state.speech, self.speech_window)
+        if finalize:
+            self.cancel(request_id)
+            return speech[0].cpu().numpy()
+        with self._lock:
+            if self._streams.get(request_id) is state:
+                state.flow_cache = flow_cache
+                state.mel = mel[:, :, -MEL_CACHE_FRAMES:]
+                state.source = source[:, :, -self.source_cache_len :]
+                state.speech = speech[:, -self.source_cache_len :]
+        return speech[0, : -self.source_cache_len].cpu().numpy()
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request's state; nothing happens for an unknown id."""
+        with self._lock:
+            self._streams.pop(request_id, None)
+
+    @property
+    def open_streams(self) -> list[str]:
+        with self._lock:
+            return list(self._streams)
