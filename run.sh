@@ -13,7 +13,10 @@
 #    4  benchmark client (gRPC) over a dataset
 #    5  single-utterance client (gRPC when streaming, HTTP when offline)
 #    6  OpenAI-compatible API server in front of the running tritonserver (foreground; not in the default range)
-#  stop ends the server that stage 3 started:  bash run.sh stop
+#    7  disaggregated serving (cosyvoice2): the LLM behind an OpenAI-compatible server on --llm_gpus, and
+#       --instances_per_gpu token2wav tritonservers on each of --token2wav_gpus, their BLS asking that server
+#    8  benchmark client (gRPC) spread over the token2wav servers of stage 7, per-server and total latencies
+#  stop ends the server that stage 3 started, and the servers of stage 7:  bash run.sh stop [--model cosyvoice2]
 set -euo pipefail
 
 stage=0
@@ -101,13 +104,27 @@ api_key=""                          # stage 6: clients must send 'Authorization:
 api_model_name=auto                 # stage 6: the model name clients send, mapped to --model on Triton; auto: spark-tts | cosyvoice2
 voices_dir=""                       # stage 6: NAME.wav + NAME.txt per voice; default: $exp_dir/voices, seeded with voice 'default' from reference_audio/reference_text
 
+# Disaggregated serving (stages 7-8, --model cosyvoice2); the LLM server also takes llm_device, llm_dtype, llm_max_seq_len, llm_cuda_graphs, llm_compile (torch) or trt_engines_dir (trtllm)
+llm_gpus=0                          # stage 7: CUDA_VISIBLE_DEVICES of the LLM server
+token2wav_gpus=1                    # stage 7: comma-separated GPUs, each running instances_per_gpu token2wav tritonservers
+instances_per_gpu=2                 # stage 7: tritonservers per token2wav GPU (upstream: 2)
+llm_port=8010                       # stage 7: the LLM server's port (/v1/chat/completions, /health)
+disagg_http_base_port=17000         # stage 7: token2wav server i listens on http base+1+i (upstream: 17001, 17002...)
+disagg_grpc_base_port=18000         # stage 7: ... on grpc base+1+i (upstream: 18001, 18002...)
+disagg_metrics_base_port=16000      # stage 7: ... on metrics base+1+i (upstream: 16001, 16002...)
+llm_server_max_batch_size=64        # stage 7: requests the LLM server runs at once (upstream's trtllm-serve: 64)
+llm_server_kv_cache_fraction=0.4    # stage 7, trtllm: trtllm-serve --kv_cache_free_gpu_memory_fraction (upstream: 0.4)
+trtllm_serve_prefix="mpirun -np 1 --allow-run-as-root --oversubscribe"  # stage 7, trtllm: what runs trtllm-serve, as upstream; "" runs it directly
+llm_server_extra_args=""            # stage 7: more LLM server arguments, e.g. "--backend tensorrt" for a trtllm-serve whose default backend is pytorch
+
 usage() {
   awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
   echo
   echo "Options (default in brackets):"
-  grep -E '^[a-z0-9_]+=' "$0" | sed -E 's/^([a-z0-9_]+)=("[^"]*"|[^ ]*) *(# *)?(.*)$/  --\1 [\2] \4/'
+  sed -n '/^usage() {/q;p' "$0" | grep -E '^[a-z0-9_]+=' | sed -E 's/^([a-z0-9_]+)=("[^"]*"|[^ ]*) *(# *)?(.*)$/  --\1 [\2] \4/'
 }
 
+option_names=$(sed -n '/^usage() {/q;p' "$0" | grep -oE '^[a-z0-9_]+=')
 positional=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -120,7 +137,7 @@ while [ $# -gt 0 ]; do
     *) positional+=("$1"); shift; continue ;;
   esac
   key=${key//-/_}
-  if ! grep -qE "^${key}=" "$0"; then
+  if ! grep -qxF "${key}=" <<<"$option_names"; then
     echo "run.sh: unknown option --$key (see --help)" >&2; exit 2
   fi
   printf -v "$key" '%s' "$value"
@@ -143,6 +160,10 @@ case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cac
 if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ]; then
   echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2" >&2; exit 2
 fi
+if [ "$action" = run ] && [ "$model" = spark_tts ] && [ "$stage" -le 8 ] && [ "$stop_stage" -ge 7 ]; then
+  echo "run.sh: stages 7-8 (disaggregated serving) are for --model cosyvoice2: the spark_tts BLS has no llm_endpoint" >&2
+  exit 2
+fi
 
 log() { echo "$(date '+%F %T') [run.sh] $*"; }
 
@@ -158,6 +179,8 @@ fi
 [ -n "$trt_engines_dir" ] || trt_engines_dir=$model_home/trt_engines_${trt_dtype}
 default_dataset=$exp_dir/benchmark_data
 [ -n "$dataset" ] || dataset=$default_dataset
+tasks_label=${sweep:-$num_tasks}
+disagg_log_dir=${log_dir:-$model_home/log_disagg_${mode}_tasks_${tasks_label//,/_}}   # stage 8
 [ -n "$log_dir" ] || log_dir=$model_home/log_${mode}_tasks_${num_tasks}
 [ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
 [ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
@@ -166,6 +189,9 @@ if [ "$model" = cosyvoice2 ]; then
   token2wav_subdir=CosyVoice2-0.5B     # front end, flow, HiFT, spk2info.pt (iic/CosyVoice2-0.5B)
   [ "$max_new_tokens" != auto ] || max_new_tokens=750
   chunk_overlap=0                           # token2wav cross-fades the chunks itself: play them back to back
+  templates=model_repo_cosyvoice2           # where the model templates of stages 2 and 7 are
+  bls_model=cosyvoice2                      # the BLS the clients of stages 4, 5 and 8 call
+  leaf_models=(audio_tokenizer:audio_tokenizer speaker_embedding:speaker_embedding token2wav:token2wav)  # role:model the BLS calls
 else
   llm_subdir=LLM
   [ "$max_new_tokens" != auto ] || max_new_tokens=1500
@@ -181,10 +207,60 @@ if [ -z "$python" ]; then
 fi
 decoupled=$([ "$mode" = streaming ] && echo True || echo False)
 
+disagg_state=$model_home/disagg/state.json     # stage 7's servers: their logs and pid files are beside it
+disagg_repo=$model_home/model_repo_disagg_${mode}
+llm_host=$server_address
+[ "$llm_host" != 0.0.0.0 ] || llm_host=127.0.0.1
+llm_endpoint=http://$llm_host:$llm_port/v1/chat/completions
+
 server_cli() { "$python" scripts/triton_server.py "$@" --pid-file "$pid_file" --log-file "$server_log"; }
+disagg_cli() { local command=$1; shift; "$python" scripts/disaggregated.py "$command" --state-file "$disagg_state" "$@"; }
+fill() { "$python" scripts/fill_template.py -i "$1" "$2"; }
+common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseconds:${max_queue_delay_microseconds}"
+
+# The CosyVoice2 BLS and its leaf models (leaf_models) into repository $1; the BLS asks the OpenAI-compatible
+# server at URL $2 for speech tokens, or, when $2 is empty, the tensorrt_llm model of the same repository.
+write_cosyvoice2_models() {
+  local repo=$1 endpoint=$2 abs_model_dir abs_t2w_dir abs_llm_dir front pair role name leaves="" llm_model=tensorrt_llm
+  abs_model_dir=$(cd "$model_dir" && pwd)
+  abs_t2w_dir=$abs_model_dir/$token2wav_subdir
+  abs_llm_dir=$abs_model_dir/$llm_subdir
+  front="model_dir:${abs_t2w_dir},${common},device:${model_device},max_reference_seconds:${max_reference_seconds}"
+  for pair in "${leaf_models[@]}"; do
+    role=${pair%%:*}
+    name=${pair#*:}
+    cp -r "$templates/$name" "$repo/"
+    case "$name" in
+      audio_tokenizer) fill "$repo/$name/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}" ;;
+      speaker_embedding) fill "$repo/$name/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}" ;;
+      token2wav) fill "$repo/$name/config.pbtxt" \
+        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype}" ;;
+      *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
+    esac
+    leaves+="${role}_model:${name},"
+  done
+  [ -z "$endpoint" ] || llm_model=none
+  cp -r "$templates/$bls_model" "$repo/"
+  fill "$repo/$bls_model/config.pbtxt" \
+    "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
+}
+
+# The benchmark client's options that stages 4 and 8 share, into the array bench_extra; writes the default
+# dataset when it is missing.
+prepare_benchmark() {
+  bench_extra=()
+  [ -n "$sweep" ] && bench_extra+=(--sweep "$sweep")
+  [ "$realistic_lengths" = true ] && bench_extra+=(--realistic-lengths)
+  [ "$warmup" -gt 0 ] && bench_extra+=(--warmup "$warmup")
+  [ "$use_spk2info_cache" = true ] && bench_extra+=(--use-spk2info-cache true)
+  if [ "$dataset" = "$default_dataset" ] && [ ! -e "$dataset" ]; then
+    "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
+  fi
+}
 
 if [ "$action" = stop ]; then
   server_cli stop
+  [ ! -f "$disagg_state" ] || disagg_cli stop
   exit 0
 fi
 log "stages $stage..$stop_stage, mode $mode, model $model, llm_backend $llm_backend, model_dir $model_dir"
@@ -248,20 +324,8 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   mkdir -p "$model_repo"
   abs_model_dir=$(cd "$model_dir" && pwd)
   abs_llm_dir=$abs_model_dir/$llm_subdir
-  fill() { "$python" scripts/fill_template.py -i "$1" "$2"; }
-  common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseconds:${max_queue_delay_microseconds}"
   if [ "$model" = cosyvoice2 ]; then
-    abs_t2w_dir=$abs_model_dir/$token2wav_subdir
-    for name in cosyvoice2 audio_tokenizer speaker_embedding token2wav; do
-      cp -r "model_repo_cosyvoice2/$name" "$model_repo/"
-    done
-    front="model_dir:${abs_t2w_dir},${common},device:${model_device},max_reference_seconds:${max_reference_seconds}"
-    fill "$model_repo/audio_tokenizer/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}"
-    fill "$model_repo/speaker_embedding/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}"
-    fill "$model_repo/token2wav/config.pbtxt" \
-      "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype}"
-    fill "$model_repo/cosyvoice2/config.pbtxt" \
-      "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,tensorrt_llm_model:tensorrt_llm"
+    write_cosyvoice2_models "$model_repo" ""
   else
     for name in spark_tts audio_tokenizer vocoder; do
       cp -r "model_repo/$name" "$model_repo/"
@@ -298,14 +362,7 @@ fi
 
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   log "Stage 4: benchmark, ${sweep:-$num_tasks} concurrent tasks, $mode"
-  bench_extra=()
-  [ -n "$sweep" ] && bench_extra+=(--sweep "$sweep")
-  [ "$realistic_lengths" = true ] && bench_extra+=(--realistic-lengths)
-  [ "$warmup" -gt 0 ] && bench_extra+=(--warmup "$warmup")
-  [ "$use_spk2info_cache" = true ] && bench_extra+=(--use-spk2info-cache true)
-  if [ "$dataset" = "$default_dataset" ] && [ ! -e "$dataset" ]; then
-    "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
-  fi
+  prepare_benchmark
   "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
     --mode "$mode" --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
     --chunk-overlap-duration "$chunk_overlap" --log-dir "$log_dir" "${bench_extra[@]}"
@@ -337,4 +394,46 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   fi
   TRITONTTS_API_KEY="$api_key" "$python" -m tritontts.openai_api --triton-url "$server_addr:$grpc_port" \
     --host "$api_host" --port "$api_port" --voices-dir "$voices_dir" --model "$api_model_name=$model"
+fi
+
+if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+  log "Stage 7: LLM server ($llm_backend, GPUs $llm_gpus, port $llm_port) and $instances_per_gpu token2wav tritonserver(s) per GPU on GPUs $token2wav_gpus"
+  running=0
+  disagg_cli status >/dev/null 2>&1 || running=$?
+  if [ "$running" -ne 3 ]; then
+    disagg_cli status >&2 || true
+    echo "run.sh: disaggregated servers are already running from $disagg_state: benchmark them (stage 8) or bash run.sh stop first" >&2
+    exit 1
+  fi
+  rm -rf "$disagg_repo"
+  mkdir -p "$disagg_repo"
+  write_cosyvoice2_models "$disagg_repo" "$llm_endpoint"
+  disagg_cli start --model-repo "$disagg_repo" --address "$server_address" --timeout "$server_timeout" \
+    --llm-backend "$llm_backend" --llm-model-dir "$llm_dir" --llm-engine-dir "$trt_engines_dir" \
+    --llm-gpus "$llm_gpus" --llm-port "$llm_port" --llm-max-batch-size "$llm_server_max_batch_size" \
+    --llm-max-seq-len "$llm_max_seq_len" --llm-device "$llm_device" --llm-dtype "$llm_dtype" \
+    --llm-cuda-graphs "$llm_cuda_graphs" --llm-compile "$llm_compile" \
+    --llm-kv-cache-free-gpu-memory-fraction "$llm_server_kv_cache_fraction" \
+    --llm-command-prefix="$trtllm_serve_prefix" --llm-extra-args="$llm_server_extra_args" \
+    --token2wav-gpus "$token2wav_gpus" --instances-per-gpu "$instances_per_gpu" \
+    --http-base-port "$disagg_http_base_port" --grpc-base-port "$disagg_grpc_base_port" \
+    --metrics-base-port "$disagg_metrics_base_port"
+fi
+
+if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
+  log "Stage 8: benchmark the disaggregated servers, ${sweep:-$num_tasks} concurrent tasks, $mode, into $disagg_log_dir"
+  if ! served_repo=$(disagg_cli status --print model_repo); then
+    echo "run.sh: stage 8 needs the servers of stage 7, running and ready ($disagg_state)" >&2
+    exit 1
+  fi
+  if [ "$served_repo" != "$(realpath -m "$disagg_repo")" ]; then
+    echo "run.sh: the running servers serve $served_repo, not $disagg_repo ($mode): run stage 8 in their mode, or stop them and run stage 7 in $mode" >&2
+    exit 1
+  fi
+  server_addrs=$(disagg_cli status --print server_addrs)
+  num_gpus=$(disagg_cli status --print num_gpus)
+  prepare_benchmark
+  "$python" client_grpc.py --server-addrs "$server_addrs" --num-gpus "$num_gpus" --model-name "$bls_model" --mode "$mode" \
+    --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
+    --chunk-overlap-duration "$chunk_overlap" --log-dir "$disagg_log_dir" "${bench_extra[@]}"
 fi

@@ -78,7 +78,7 @@ def build_cosyvoice2_models(repo: Path, data: Path) -> None:
             f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
             f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
             f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
-            f"{leaves},tensorrt_llm_model:{PREFIX}{llm}",
+            f"{leaves},tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:",
         )
 
 

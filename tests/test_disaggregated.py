@@ -1,144 +1,153 @@
-"""Disaggregated serving on one CPU machine: the LLM behind `python -m tritontts.llm.openai_server`, two
-tritonservers holding the CosyVoice2 BLS (reaching the LLM over HTTP through `llm_endpoint`) with its
-audio_tokenizer, speaker_embedding and token2wav, and client_grpc.py spreading 4 streaming tasks over both.
+"""Disaggregated serving on one CPU machine through run.sh: stage 7 starts the LLM behind
+`python -m tritontts.llm.openai_server` and two tritonservers (one per "GPU" of `--token2wav_gpus 0,1`) whose
+CosyVoice2 BLS reaches the LLM over HTTP through `llm_endpoint`; stage 8 spreads 4 streaming tasks over both;
+`run.sh stop` ends all of it. CUDA_VISIBLE_DEVICES is set per process but means nothing here. Each server has
+two BLS instances, one for each of the two tasks it gets at once.
 
-The cached speaker speaks (`--use-spk2info-cache true`, the 3 s default voice): a reference audio per request
+The cached speaker speaks (`--use_spk2info_cache true`, the 3 s default voice): a reference audio per request
 would double the CPU time of this test; the reference path is covered by test_cosyvoice2_triton.py.
-With `--realistic-lengths` the client forces 25 tokens per expected second of each target text, and each token
-is 960 samples of 24 kHz audio.
+With `--realistic_lengths true` the client forces 25 tokens per expected second of each target text, and each
+token is 960 samples of 24 kHz audio.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
-from cosyvoice2_models import COMMON, TEMPLATES, install_template
-from http_service import http_service
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from tritontts.bench.dataset import load_utterances
 from tritontts.bench.durations import expected_tokens
-from tritontts.synthetic.cosyvoice2 import write_cosyvoice2_checkpoint
-from tritontts.triton.server import ServerConfig, TritonServer, free_ports
+from tritontts.triton.disaggregated.processes import ProcessRef
+from tritontts.triton.server import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_TOKEN, SAMPLE_RATE, TOKEN_RATE = 960, 24000, 25
 TASKS = 4
-MAX_NEW_TOKENS = 300
-LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav")
+SERVERS = 2
 
 pytestmark = pytest.mark.slow
 
 
-def build_token2wav_repo(repo: Path, model_dir: Path, llm_dir: Path, llm_endpoint: str) -> None:
-    """The BLS and its leaf models, no tensorrt_llm: `llm_endpoint` is added to the filled BLS config."""
-    front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:30"
-    for leaf in ("audio_tokenizer", "speaker_embedding"):
-        install_template(TEMPLATES, leaf, repo, leaf, front)
-    install_template(
-        TEMPLATES, "token2wav", repo, "token2wav", f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32"
-    )
-    leaves = ",".join(f"{leaf}_model:{leaf}" for leaf in LEAVES)
-    bls = install_template(
-        TEMPLATES,
-        "cosyvoice2",
-        repo,
-        "cosyvoice2",
-        f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:true,bls_instance_num:1,"
-        f"token_hop_len:15,pre_lookahead_len:3,dynamic_chunk_strategy:exponential,"
-        f"max_new_tokens:{MAX_NEW_TOKENS},max_text_length:300,max_reference_seconds:30,{leaves},"
-        "tensorrt_llm_model:none",
-    )
-    config = bls / "config.pbtxt"
-    parameter = f'  {{ key: "llm_endpoint", value: {{ string_value: "{llm_endpoint}" }} }},\n'
-    config.write_text(config.read_text().replace("parameters [\n", "parameters [\n" + parameter, 1))
+def free_base(count: int, taken: set[int]) -> int:
+    """A port `base` such that base+1 .. base+count are free now and not in `taken`."""
+    rng = random.Random()
+    while True:
+        base = rng.randrange(20000, 60000)
+        ports = range(base + 1, base + count + 1)
+        if taken.intersection(ports):
+            continue
+        try:
+            for port in ports:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        taken.update(ports)
+        return base
 
 
-@contextmanager
-def llm_server(llm_dir: Path, log_file: Path) -> Iterator[str]:
-    """The chat-completions URL once `/health` answers; the process ends on exit."""
-    args = [
-        "--model-dir",
-        str(llm_dir),
-        "--device",
-        "cpu",
-        "--max-batch-size",
-        str(TASKS),
-        "--max-seq-len",
-        "1024",
-        "--no-cuda-graphs",
-        "--log-level",
-        "warning",
+def run_sh(*args: str, exp: Path, timeout: int) -> subprocess.CompletedProcess:
+    command = [
+        "bash",
+        "run.sh",
+        *args,
+        "--model",
+        "cosyvoice2",
+        "--exp_dir",
+        str(exp),
+        "--python",
+        sys.executable,
     ]
-    with http_service("tritontts.llm.openai_server", args, log_file, timeout_s=90) as url:
-        yield f"{url}/v1/chat/completions"
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def token2wav_server(root: Path, name: str, model_dir: Path, llm_dir: Path, endpoint: str) -> TritonServer:
-    repo = root / name / "model_repo"
-    build_token2wav_repo(repo, model_dir, llm_dir, endpoint)
-    http, grpc, metrics = free_ports(3)
-    config = ServerConfig(
-        repo, http, grpc, metrics, log_file=root / name / "tritonserver.log", exit_timeout_s=5
+def environ(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
+def bls_parameters(repo: Path) -> dict[str, str]:
+    config = text_format.Parse(
+        (repo / "cosyvoice2" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
     )
-    return TritonServer(config)
+    return {key: value.string_value for key, value in config.parameters.items()}
 
 
-def test_streaming_tasks_spread_over_two_token2wav_servers(tmp_path, bench_data):
-    paths = write_cosyvoice2_checkpoint(tmp_path / "cosyvoice2_tiny", "tiny", 0)
-    model_dir, llm_dir = paths.model_dir.resolve(), paths.llm_dir.resolve()
-    with ExitStack() as stack:
-        endpoint = stack.enter_context(llm_server(llm_dir, tmp_path / "llm.log"))
-        servers = [token2wav_server(tmp_path, f"t2w{i}", model_dir, llm_dir, endpoint) for i in range(2)]
-        for server in servers:
-            stack.callback(server.stop, 15)
-            server.start()
-        for server in servers:
-            server.wait_ready(timeout=120)
-        log_dir = tmp_path / "bench"
-        command = [
-            sys.executable,
-            str(ROOT / "client_grpc.py"),
-            "--server-addrs",
-            ",".join(server.grpc_url for server in servers),
-            "--num-gpus",
-            "3",
-            "--model-name",
-            "cosyvoice2",
-            "--mode",
-            "streaming",
-            "--num-tasks",
-            str(TASKS),
-            "--realistic-lengths",
-            "--use-spk2info-cache",
-            "true",
-            "--huggingface-dataset",
-            str(bench_data),
-            "--log-dir",
-            str(log_dir),
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        logs = "".join(server.log_tail() for server in servers)
-        assert done.returncode == 0, done.stdout + done.stderr + logs
+def test_run_sh_stages_7_8_stream_over_two_token2wav_servers(tmp_path, bench_data):
+    exp = tmp_path / "exp"
+    (llm_port,) = free_ports(1)
+    taken = {llm_port}
+    http_base, grpc_base, metrics_base = (free_base(SERVERS, taken) for _ in range(3))
+    done = run_sh("0", "0", "--model_source", "synthetic-tiny", exp=exp, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    options = [
+        *("--model_source", "synthetic-tiny", "--llm_device", "cpu", "--llm_cuda_graphs", "false"),
+        *("--model_device", "cpu", "--token2wav_gpus", "0,1", "--instances_per_gpu", "1"),
+        *("--llm_port", str(llm_port), "--disagg_http_base_port", str(http_base)),
+        *("--disagg_grpc_base_port", str(grpc_base), "--disagg_metrics_base_port", str(metrics_base)),
+        *("--llm_server_max_batch_size", str(TASKS), "--llm_max_seq_len", "1024", "--bls_instance_num", "2"),
+        *("--num_tasks", str(TASKS), "--realistic_lengths", "true", "--use_spk2info_cache", "true"),
+        *("--dataset", str(bench_data), "--server_timeout", "180"),
+    ]
+    home = exp / "cosyvoice2"
+    state_file = home / "disagg" / "state.json"
+    try:
+        done = run_sh("7", "8", "streaming", *options, exp=exp, timeout=600)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        state = json.loads(state_file.read_text())
+        processes = [state["llm"], *state["servers"]]
+        devices = [environ(p["pid"]).get("CUDA_VISIBLE_DEVICES") for p in processes]
+    finally:
+        stopped = run_sh("stop", exp=exp, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
 
+    assert devices == ["0", "0", "1"]
+    assert (state["status"], state["num_gpus"], state["gpus"]) == ("ready", 2, ["0", "1"])
+    assert state["llm"]["chat_url"] == f"http://127.0.0.1:{llm_port}/v1/chat/completions"
+    servers = state["servers"]
+    assert [(s["gpu"], s["http_port"], s["grpc_port"], s["metrics_port"]) for s in servers] == [
+        (str(gpu), http_base + 1 + gpu, grpc_base + 1 + gpu, metrics_base + 1 + gpu) for gpu in range(SERVERS)
+    ]
+    repo = Path(state["model_repo"])
+    assert repo == (home / "model_repo_disagg_streaming").resolve()
+    assert sorted(p.name for p in repo.iterdir()) == [
+        "audio_tokenizer",
+        "cosyvoice2",
+        "speaker_embedding",
+        "token2wav",
+    ]
+    bls = bls_parameters(repo)
+    assert (bls["llm_endpoint"], bls["tensorrt_llm_model"]) == (state["llm"]["chat_url"], "none")
+
+    assert not state_file.exists() and not list((home / "disagg").glob("*.pid"))
+    for process in processes:
+        ref = ProcessRef.from_dict(process)
+        assert not ref.alive() and not ref.group_members(), f"{process['pid']} outlived run.sh stop"
+
+    log_dir = home / f"log_disagg_streaming_tasks_{TASKS}"
     summary = json.loads((log_dir / "summary.json").read_text())
     (run,) = summary["runs"]
-    assert (run["concurrency"], run["succeeded"], run["failed"]) == (TASKS, 4, 0)
+    assert (run["concurrency"], run["succeeded"], run["failed"]) == (TASKS, TASKS, 0)
     (breakdown,) = summary["per_server"]
     *by_server, total = breakdown["servers"]
-    assert [row["server"] for row in by_server] == [server.grpc_url for server in servers]
+    assert [row["server"] for row in by_server] == [s["grpc_url"] for s in servers]
     assert [(row["requests"], row["failed"], row["concurrent_tasks_per_server"]) for row in by_server] == [
         (2, 0, 2),
         (2, 0, 2),
     ]
     assert all(row["first_chunk_latency"]["avg"] > 0 for row in by_server)
-    assert (total["requests"], total["concurrent_tasks_per_gpu"]) == (4, pytest.approx(TASKS / 3))
-    assert "concurrent_tasks_per_server" in (log_dir / "summary.md").read_text()
+    assert (total["server"], total["requests"]) == ("all", TASKS)
+    assert total["concurrent_tasks_per_gpu"] == pytest.approx(TASKS / 2)
+    assert total["first_chunk_latency"]["avg"] > 0
+    assert "concurrent_tasks_per_gpu" in (log_dir / "summary.md").read_text()
 
     rows = {utt.id: utt for utt in load_utterances(str(bench_data), "wenetspeech4tts")}
     for record in run["records"]:

@@ -1,7 +1,9 @@
 """run.sh: from a synthetic checkpoint to WAV files and a benchmark summary, offline then streaming (CPU); its
---help, option checks, and the CosyVoice2 repository stage 2 fills."""
+--help, option checks, the CosyVoice2 repositories stages 2 and 7 fill, and what stages 7-8 refuse (the
+disaggregated run itself is in test_disaggregated.py)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +214,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         "fixed",
     )
     assert bls["max_new_tokens"] == "750"
+    assert (bls["tensorrt_llm_model"], bls["llm_endpoint"]) == ("tensorrt_llm", "")
     assert [bls[f"{role}_model"] for role in ("audio_tokenizer", "speaker_embedding", "token2wav")] == [
         "audio_tokenizer",
         "speaker_embedding",
@@ -223,3 +226,67 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         assert _parameters(parsed[name])["model_dir"] == bls["model_dir"]
     if backend == "torch":
         assert _parameters(parsed["tensorrt_llm"])["model_dir"] == bls["llm_tokenizer_dir"]
+
+
+DISAGGREGATED_OPTIONS = {
+    "llm_gpus": "0",
+    "token2wav_gpus": "1",
+    "instances_per_gpu": "2",
+    "llm_port": "8010",
+    "disagg_http_base_port": "17000",
+    "disagg_grpc_base_port": "18000",
+    "disagg_metrics_base_port": "16000",
+    "llm_server_max_batch_size": "64",
+    "llm_server_kv_cache_fraction": "0.4",
+    "trtllm_serve_prefix": '"mpirun -np 1 --allow-run-as-root --oversubscribe"',
+    "llm_server_extra_args": '""',
+}
+
+
+def test_help_names_stages_7_8_and_their_options_only():
+    done = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    assert "7  disaggregated serving (cosyvoice2)" in done.stdout
+    assert "8  benchmark client (gRPC) spread over the token2wav servers of stage 7" in done.stdout
+    for option, default in DISAGGREGATED_OPTIONS.items():
+        assert f"\n  --{option} [{default}] stage 7" in done.stdout
+    for internal in ("model_home", "pid_file", "disagg_state", "option_names"):
+        assert f"--{internal} [" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (
+            ["7", "8", "--model", "spark_tts"],
+            2,
+            "stages 7-8 (disaggregated serving) are for --model cosyvoice2",
+        ),
+        (["0", "8"], 2, "stages 7-8 (disaggregated serving) are for --model cosyvoice2"),
+        (["8", "8", "--model", "cosyvoice2"], 1, "stage 8 needs the servers of stage 7"),
+        (["2", "2", "--pid_file", "x"], 2, "unknown option --pid_file"),
+    ],
+)
+def test_stages_7_8_refuse_what_they_cannot_serve(tmp_path, args, code, message):
+    command = ["bash", "run.sh", *args, "--exp_dir", str(tmp_path), "--python", sys.executable]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == code and message in done.stderr, done.stderr
+    assert not (tmp_path / "spark_tts").exists()
+
+
+def test_stage_7_with_trtllm_says_where_trtllm_serve_runs(cosyvoice2_exp):
+    if shutil.which("trtllm-serve"):
+        pytest.skip("trtllm-serve is installed here")
+    command = ["bash", "run.sh", "7", "7", "--model", "cosyvoice2", "--llm_backend", "trtllm"]
+    command += ["--exp_dir", str(cosyvoice2_exp), "--python", sys.executable]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "trtllm-serve is not on PATH" in done.stderr and "use llm backend torch" in done.stderr
+    bls = _parameters(
+        _parse_repo(cosyvoice2_exp / "cosyvoice2" / "model_repo_disagg_streaming")["cosyvoice2"]
+    )
+    assert (bls["llm_endpoint"], bls["tensorrt_llm_model"]) == (
+        "http://127.0.0.1:8010/v1/chat/completions",
+        "none",
+    )
+    assert not (cosyvoice2_exp / "cosyvoice2" / "disagg" / "state.json").exists()
