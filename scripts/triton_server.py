@@ -19,6 +19,7 @@ from pathlib import Path
 from tritontts.triton.bundle import TritonNotFoundError, find_tritonserver
 from tritontts.triton.server import (
     LOOPBACK,
+    PYTHON_SHM_BYTES,
     ServerConfig,
     ServerError,
     TritonServer,
@@ -58,6 +59,7 @@ def start(args: argparse.Namespace) -> int:
         pid_file=Path(args.pid_file),
         log_verbose=args.log_verbose,
         model_control_mode=args.model_control_mode,
+        python_shm_bytes=args.python_shm_bytes,
         extra_args=tuple(args.extra),
     )
     server = TritonServer(config)
@@ -123,6 +125,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     start_parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
     start_parser.add_argument("--log-verbose", type=int, default=0)
     start_parser.add_argument("--model-control-mode", default=None, choices=["none", "poll", "explicit"])
+    start_parser.add_argument(
+        "--python-shm-bytes",
+        type=int,
+        default=PYTHON_SHM_BYTES,
+        help="shared memory each python-backend model instance starts with (a pool that grows under load crashed BLS)",
+    )
     commands.add_parser("status", parents=[common], help="whether the pid file's server runs and is ready")
     stop_parser = commands.add_parser(
         "stop", parents=[common], help="SIGTERM, then SIGKILL after --grace seconds"

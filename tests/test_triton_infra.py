@@ -243,6 +243,23 @@ def test_http_tensors_arrive_intact(server):
 
 
 @pytest.mark.triton
+def test_python_stubs_start_with_the_configured_shared_memory_pool(server):
+    from tritontts.triton.server import PYTHON_SHM_BYTES, PYTHON_SHM_GROWTH_BYTES
+
+    stubs = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args[0].endswith(STUB_NAME.encode()) and str(server.server.pid).encode() in args:
+            stubs.append([a.decode() for a in args])
+    assert stubs
+    # the stub's arguments: model.py, shm region name, its initial size, its growth step, parent pid, ...
+    assert all(args[3:5] == [str(PYTHON_SHM_BYTES), str(PYTHON_SHM_GROWTH_BYTES)] for args in stubs)
+
+
+@pytest.mark.triton
 def test_grpc_tensors_arrive_intact(server):
     import tritonclient.grpc as grpcclient
 

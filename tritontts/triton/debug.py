@@ -9,4 +9,6 @@ import sys
 
 
 def enable_stack_dumps(signum: int = signal.SIGUSR1) -> None:
+    """Also prints every thread's stack when the stub dies of a fatal signal (tritonserver logs nothing then)."""
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)

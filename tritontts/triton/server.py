@@ -16,6 +16,10 @@ from pathlib import Path
 from tritontts.triton.bundle import TritonInstall, find_tritonserver
 
 LOOPBACK = "127.0.0.1"
+PYTHON_SHM_BYTES = 64 * 2**20
+"""Each python-backend stub's shared-memory pool from the start (the backend's default is 1 MiB, grown in 1 MiB
+steps). Growing remaps the pool while other threads of the stub may use it; BLS stubs crashed that way."""
+PYTHON_SHM_GROWTH_BYTES = 16 * 2**20
 _ERROR_LINE = re.compile(r"^E\d{4} |^error: ")
 
 
@@ -35,6 +39,8 @@ class ServerConfig:
     log_verbose: int = 0
     model_control_mode: str | None = None  # none | poll | explicit
     exit_timeout_s: int | None = None  # how long the server waits for in-flight requests on SIGTERM
+    python_shm_bytes: int = PYTHON_SHM_BYTES
+    python_shm_growth_bytes: int = PYTHON_SHM_GROWTH_BYTES
     extra_args: tuple[str, ...] = ()
 
 
@@ -72,6 +78,8 @@ class TritonServer:
             f"--metrics-address={cfg.address}",
             f"--metrics-port={cfg.metrics_port}",
             f"--log-verbose={cfg.log_verbose}",
+            f"--backend-config=python,shm-default-byte-size={cfg.python_shm_bytes}",
+            f"--backend-config=python,shm-growth-byte-size={cfg.python_shm_growth_bytes}",
             *install.server_args(),
         ]
         if cfg.model_control_mode:

@@ -1,11 +1,10 @@
 """Spark-TTS BLS: audio_tokenizer → tensorrt_llm → vocoder, whole utterances or streamed chunks.
 
-Each request runs on a worker thread, so one instance serves many requests at once; the models it calls
-batch them.
+An instance runs one request at a time (see tritontts.triton.request_runner; parameter `max_concurrent_requests`);
+concurrent requests go to other instances, and the models they call batch them.
 """
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -24,6 +23,7 @@ from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arra
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
+from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
 
 
@@ -61,9 +61,7 @@ class TritonPythonModel:
             role: model_param(config, f"{role}_model", default=role)
             for role in ("audio_tokenizer", "tensorrt_llm", "vocoder")
         }
-        self.pool = ThreadPoolExecutor(
-            max_workers=model_param(config, "max_concurrent_requests", int, default=64)
-        )
+        self.runner = RequestRunner(model_param(config, "max_concurrent_requests", int, default=1))
 
     def _tokenize_voice(self, wav):
         out = call_model(
@@ -119,11 +117,7 @@ class TritonPythonModel:
         serve_stream(pb_utils, request, lambda: self.service.stream(self._parse(request)))
 
     def execute(self, requests):
-        if self.decoupled:
-            for request in requests:
-                self.pool.submit(self._stream, request)
-            return None
-        return list(self.pool.map(self._offline, requests))
+        return self.runner.execute(requests, self.decoupled, self._stream, self._offline)
 
     def finalize(self):
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.runner.close()
