@@ -11,6 +11,8 @@ The callables it is given reach the other models (through BLS calls under Triton
   `token_offset None` one offline call, else one call of a stream (upstream's `token2wav` inputs).
 
 A voice without features (`speech_feat None`) is the deployment's cached speaker: token2wav uses its own copy.
+With `flow_prompt=False` (the DiT token2wav, which makes its prompt from the reference audio itself) a voice holds
+the reference's speech tokens, uncut, and the audio instead of the mel and embedding, and `embed` is not called.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Voice:
     """fp32 `[2 n, 80]`; None for the deployment's cached speaker"""
     embedding: np.ndarray | None = None
     """fp32 `[192]`; None for the deployment's cached speaker"""
+    reference_wav: np.ndarray | None = None
+    """the 16 kHz reference itself, kept for a token2wav that makes its own prompt (the DiT's)"""
 
     @classmethod
     def cached(cls, speaker: CachedSpeaker) -> Voice:
@@ -108,6 +112,7 @@ class CosyVoice2Service:
         limits: RequestLimits | None = None,
         voice_cache_size: int = 256,
         generate_chat: GenerateChat | None = None,
+        flow_prompt: bool = True,
     ) -> None:
         self.prompter = prompter
         self.tokenize = tokenize
@@ -120,6 +125,7 @@ class CosyVoice2Service:
         self.schedule = schedule or StreamSchedule()
         self.limits = limits or RequestLimits()
         self.voices: VoiceCache[Voice] = VoiceCache(voice_cache_size)
+        self.flow_prompt = flow_prompt
 
     def voice(self, request: CosyVoice2Request) -> Voice:
         if request.reference_wav is None:
@@ -130,10 +136,15 @@ class CosyVoice2Service:
         key = audio_key(wav, INPUT_SAMPLE_RATE, "cosyvoice2")
         voice = self.voices.get(key)
         if voice is None:
-            tokens, feat = prompt_features(wav, self.tokenize(wav))
-            voice = Voice("", tokens, feat, np.asarray(self.embed(wav), dtype=np.float32).reshape(-1))
+            voice = self._new_voice(wav)
             self.voices.put(key, voice)
         return replace(voice, text=request.reference_text)
+
+    def _new_voice(self, wav: np.ndarray) -> Voice:
+        if not self.flow_prompt:
+            return Voice("", np.asarray(self.tokenize(wav), dtype=np.int32).reshape(-1), reference_wav=wav)
+        tokens, feat = prompt_features(wav, self.tokenize(wav))
+        return Voice("", tokens, feat, np.asarray(self.embed(wav), dtype=np.float32).reshape(-1))
 
     def _speech(self, request: CosyVoice2Request, streaming: bool) -> tuple[Voice, Iterator[np.ndarray]]:
         voice = self.voice(request)

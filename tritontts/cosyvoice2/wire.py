@@ -41,9 +41,9 @@ def token2wav_arrays(
     finalize: bool | None = None,
 ) -> dict[str, np.ndarray]:
     """The request tensors for tokens 0..6560; prompt inputs all or none (none: the model's cached speaker)."""
-    arrays = {"target_speech_tokens": _wire_ids(target_tokens)}
+    arrays = {"target_speech_tokens": wire_ids(target_tokens)}
     if prompt_feat is not None:
-        arrays["prompt_speech_tokens"] = _wire_ids(prompt_tokens)
+        arrays["prompt_speech_tokens"] = wire_ids(prompt_tokens)
         arrays["prompt_speech_feat"] = np.asarray(prompt_feat, dtype=np.float16).reshape(1, -1, MEL_BINS)
         arrays["prompt_spk_embedding"] = np.asarray(embedding, dtype=np.float16).reshape(1, -1)
     if token_offset is not None:
@@ -52,11 +52,11 @@ def token2wav_arrays(
     return arrays
 
 
-def _wire_ids(tokens: np.ndarray) -> np.ndarray:
+def wire_ids(tokens: np.ndarray) -> np.ndarray:
     return (np.asarray(tokens, dtype=np.int32) + ORIGINAL_VOCAB_SIZE).reshape(1, -1)
 
 
-def _speech_ids(array: np.ndarray, name: str) -> torch.Tensor:
+def speech_ids(array: np.ndarray, name: str) -> torch.Tensor:
     if array.dtype != np.int32:
         raise RequestError(name, f"must be int32, got {array.dtype}")
     values = array.reshape(-1).astype(np.int64) - ORIGINAL_VOCAB_SIZE
@@ -92,7 +92,7 @@ def parse_token2wav_inputs(
         missing = next(name for name in PROMPT_INPUTS if name not in given)
         raise RequestError(missing, f"is required with {', '.join(given)}")
     if given:
-        prompt_tokens = _speech_ids(arrays["prompt_speech_tokens"], "prompt_speech_tokens")
+        prompt_tokens = speech_ids(arrays["prompt_speech_tokens"], "prompt_speech_tokens")
         prompt_feat = _floats(arrays["prompt_speech_feat"], "prompt_speech_feat", (MEL_BINS,))
         embedding = _floats(arrays["prompt_spk_embedding"], "prompt_spk_embedding", ()).reshape(1, -1)
         if embedding.shape[1] != EMBEDDING_DIM:
@@ -119,7 +119,7 @@ def parse_token2wav_inputs(
             raise RequestError("token_offset", f"must be in 0..{target_len - 1}, got {token_offset}")
         finalize = bool(np.asarray(finalize).reshape(-1)[0])
     return Token2WavInputs(
-        _speech_ids(target, "target_speech_tokens"),
+        speech_ids(target, "target_speech_tokens"),
         prompt_tokens,
         prompt_feat,
         embedding,

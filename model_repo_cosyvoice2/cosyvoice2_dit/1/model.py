@@ -1,0 +1,23 @@
+"""CosyVoice2 with the DiT token2wav of Step-Audio-2-mini: audio_tokenizer → tensorrt_llm (or `llm_endpoint`)
+→ token2wav_dit, which takes the reference audio itself. Wire-compatible with upstream's `cosyvoice2_dit`.
+
+An instance runs one request at a time (parameter `max_concurrent_requests`); concurrent requests go to other
+instances. The work is in tritontts.triton.cosyvoice2_bls.
+"""
+
+import triton_python_backend_utils as pb_utils
+
+from tritontts.triton.cosyvoice2_bls import CosyVoice2Bls
+from tritontts.triton.debug import enable_stack_dumps
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        enable_stack_dumps()
+        self.bls = CosyVoice2Bls(pb_utils, args, dit=True)
+
+    def execute(self, requests):
+        return self.bls.execute(requests)
+
+    def finalize(self):
+        self.bls.close()

@@ -1,0 +1,57 @@
+"""Step-Audio-2-mini DiT token2wav, wire-compatible with upstream's `token2wav_dit` model.
+
+The speaker (prompt tokens, x-vector, prompt mel, flow caches) is prepared from the reference audio once and
+cached by its content. With `finalize`, one call of a stream keyed by the request id; without, a whole utterance.
+"""
+
+import json
+
+import torch
+import triton_python_backend_utils as pb_utils
+
+from tritontts.audio import AudioLimits
+from tritontts.dit_token2wav.token2wav import DiTToken2Wav, resolve_device
+from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
+from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.params import RequestError, error_response, model_param, optional_input
+
+INPUT_NAMES = ("target_speech_tokens", "reference_wav", "reference_wav_len", "finalize")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        enable_stack_dumps()
+        config = json.loads(args["model_config"])
+        device = resolve_device(model_param(config, "device", default="auto"))
+        dtype = model_param(config, "dtype", default="auto")
+        if dtype == "auto":
+            dtype = torch.float16 if device.type == "cuda" else torch.float32
+        self.model = DiTToken2Wav.from_model_dir(model_param(config, "model_dir"), device=device, dtype=dtype)
+        self.limits = AudioLimits(
+            max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
+        )
+
+    def _audio(self, request):
+        arrays = {name: optional_input(pb_utils, request, name) for name in INPUT_NAMES}
+        inputs = parse_dit_token2wav_inputs(arrays, self.limits)
+        speaker = self.model.prepare_speaker(inputs.reference_wav)
+        if inputs.finalize is None:
+            return self.model.offline(inputs.tokens, speaker)
+        stream_id = request.request_id()
+        if not stream_id:
+            raise RequestError("finalize", "needs a request id: a stream's calls are matched by it")
+        try:
+            return self.model.stream(stream_id, speaker, inputs.tokens, inputs.finalize)
+        except Exception:
+            self.model.cancel(stream_id)
+            raise
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                audio = self._audio(request).reshape(1, -1)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
+            except Exception as err:
+                responses.append(error_response(pb_utils, err))
+        return responses

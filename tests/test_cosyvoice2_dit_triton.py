@@ -1,0 +1,179 @@
+"""CosyVoice2 with the DiT token2wav on the real tritonserver: the tiny synthetic Step-Audio-2-mini token2wav and
+the tiny CosyVoice2 LLM (CPU, float32).
+
+N speech tokens make N * 960 samples of 24 kHz audio, offline or streamed; a stream's chunks join end to end
+(token2wav_dit withholds 8 mel frames per call and cross-fades them into the next).
+"""
+
+from __future__ import annotations
+
+import queue
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models, dit_token2wav_dir
+from cosyvoice2_models import (
+    CHUNK_STRATEGY,
+    PRE_LOOKAHEAD_LEN,
+    PREFIX,
+    TOKEN_HOP_LEN,
+    build_cosyvoice2_models,
+)
+from triton_stream import make_inputs
+from tritonclient.utils import InferenceServerException
+
+from tritontts.audio import load_wav
+from tritontts.cosyvoice2.token2wav import StreamSchedule
+from tritontts.dit_token2wav.wire import dit_token2wav_arrays
+
+TRITON_MODELS = [build_cosyvoice2_models, build_cosyvoice2_dit_models]
+SAMPLES_PER_TOKEN = 960
+STREAMING, OFFLINE = "cosyvoice2_dit", "cosyvoice2_dit_offline"
+LEAVES = (PREFIX + "audio_tokenizer", PREFIX + "tensorrt_llm", PREFIX + "tensorrt_llm_offline", TOKEN2WAV_DIT)
+SCHEDULE = StreamSchedule(TOKEN_HOP_LEN, PRE_LOOKAHEAD_LEN, exponential=CHUNK_STRATEGY == "exponential")
+
+
+@pytest.fixture(scope="module")
+def server(triton):
+    return triton.load(*LEAVES, STREAMING, OFFLINE)
+
+
+@pytest.fixture(scope="module")
+def reference(prompt_zh) -> np.ndarray:
+    return load_wav(prompt_zh, 16000)[: 16000 * 3]
+
+
+@pytest.fixture(scope="module")
+def local_token2wav(server):
+    from tritontts.dit_token2wav.token2wav import DiTToken2Wav
+
+    return DiTToken2Wav.from_model_dir(
+        dit_token2wav_dir(server.repo.parent / "data" / "build_cosyvoice2_dit_models")
+    )
+
+
+def tokens(count: int) -> dict:
+    return {"min_new_tokens": count, "max_new_tokens": count}
+
+
+def request(wav: np.ndarray | None, target_text: str = "身临其境，换新体验。") -> dict:
+    values = {"target_text": np.array([[target_text.encode()]], dtype=object)}
+    if wav is not None:
+        values |= {
+            "reference_wav": wav.reshape(1, -1).astype(np.float32),
+            "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
+            "reference_text": np.array([["吃燕窝就选燕之屋".encode()]], dtype=object),
+        }
+    return values
+
+
+def infer(server, model: str, values: dict, **kwargs) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        return client.infer(model, make_inputs(values), **kwargs).as_numpy("waveform").reshape(-1)
+    finally:
+        client.close()
+
+
+def stream(server, values: dict, parameters: dict) -> list[np.ndarray]:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    events: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    chunks = []
+    try:
+        client.async_stream_infer(
+            STREAMING, make_inputs(values), parameters=parameters, enable_empty_final_response=True
+        )
+        while True:
+            result, error = events.get(timeout=300)
+            if error is not None:
+                raise error
+            if result.as_numpy("waveform") is not None:
+                chunks.append(result.as_numpy("waveform").reshape(-1))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return chunks
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def audible(audio: np.ndarray) -> bool:
+    return bool(np.all(np.isfinite(audio)) and 0 < np.abs(audio).max() <= 1.0)
+
+
+def test_offline_gives_960_samples_per_token(server, reference):
+    audio = infer(server, OFFLINE, request(reference), parameters=tokens(30))
+    assert audio.size == 30 * SAMPLES_PER_TOKEN and audible(audio)
+
+
+def test_streaming_chunks_follow_the_schedule_and_add_up(server, reference):
+    count = 60
+    chunks = stream(server, request(reference), tokens(count))
+    # exponential hops 15, 25: calls at 18 and 43 tokens, then the finalize call; 8 frames move to the next call
+    assert [c.size for c in chunks] == [(30 - 8) * 480, 50 * 480, (2 * 20 + 8) * 480]
+    joined = np.concatenate(chunks)
+    assert joined.size == count * SAMPLES_PER_TOKEN and audible(joined)
+
+
+def test_four_concurrent_streams_all_succeed(server, reference):
+    wavs = [reference[: 8000 * (3 + i)] * (0.5 + 0.1 * i) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        totals = list(pool.map(lambda w: sum(c.size for c in stream(server, request(w), tokens(25))), wavs))
+    assert totals == [25 * SAMPLES_PER_TOKEN] * 4
+
+
+def test_without_reference_the_bls_names_reference_wav_and_keeps_serving(server, reference):
+    with pytest.raises(InferenceServerException, match="reference_wav"):
+        infer(server, OFFLINE, request(None), parameters=tokens(10))
+    with pytest.raises(InferenceServerException, match="reference_wav"):
+        stream(server, request(None), tokens(10))
+    assert infer(server, OFFLINE, request(reference[:16000]), parameters=tokens(10)).size == 10 * 960
+
+
+def target_tokens(count: int, seed: int = 3) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 6561, count).astype(np.int32)
+
+
+def test_token2wav_dit_offline_matches_the_in_process_model(server, local_token2wav, reference):
+    ids = target_tokens(25)
+    served = infer(server, TOKEN2WAV_DIT, dit_token2wav_arrays(ids, reference))
+    expected = local_token2wav.offline(ids, local_token2wav.prepare_speaker(reference))
+    assert served.size == 25 * SAMPLES_PER_TOKEN
+    np.testing.assert_allclose(served, expected, atol=1e-4)
+
+
+def test_token2wav_dit_stream_matches_the_in_process_stream(server, local_token2wav, reference):
+    ids = target_tokens(60, seed=4)
+    speaker = local_token2wav.prepare_speaker(reference)
+    served, local = [], []
+    for chunk in SCHEDULE.plan(ids.size):
+        part = ids[chunk.token_offset : chunk.token_end]
+        values = dit_token2wav_arrays(part, reference, chunk.finalize)
+        served.append(infer(server, TOKEN2WAV_DIT, values, request_id="dit-stream-1"))
+        local.append(local_token2wav.stream("local", speaker, part, chunk.finalize))
+    assert [a.size for a in served] == [a.size for a in local]
+    np.testing.assert_allclose(np.concatenate(served), np.concatenate(local), atol=1e-4)
+
+
+BAD_LEAF_REQUESTS = {
+    "text ids": (
+        lambda v: v | {"target_speech_tokens": v["target_speech_tokens"] - 151663},
+        "target_speech_tokens",
+    ),
+    "length past the audio": (
+        lambda v: v | {"reference_wav_len": np.array([[10**6]], np.int32)},
+        "reference_wav_len",
+    ),
+    "NaN audio": (lambda v: v | {"reference_wav": np.full((1, 16000), np.nan, np.float32)}, "reference_wav"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_LEAF_REQUESTS)
+def test_token2wav_dit_bad_input_names_the_field_and_keeps_serving(server, reference, case):
+    make, field = BAD_LEAF_REQUESTS[case]
+    good = dit_token2wav_arrays(target_tokens(10), reference[:16000])
+    with pytest.raises(InferenceServerException, match=field):
+        infer(server, TOKEN2WAV_DIT, make(good))
+    assert infer(server, TOKEN2WAV_DIT, good).size == 10 * SAMPLES_PER_TOKEN
