@@ -6,14 +6,14 @@
 #   -1  environment: outside NVIDIA's container, a virtual environment with requirements.txt and the
 #       tritonserver bundled in the nvidia-pytriton wheel; inside the container, a check only
 #    0  checkpoint: download (huggingface | modelscope), write a synthetic one, or validate a local dir
-#       (cosyvoice2: a folder holding CosyVoice2-0.5B/ and cosyvoice2_llm/)
+#       (cosyvoice2: a folder holding CosyVoice2-0.5B/ and cosyvoice2_llm/; cosyvoice2_dit: also Step-Audio-2-mini/token2wav/)
 #    1  LLM: trtllm = convert + trtllm-build (+ smoke test); torch = validate the checkpoint for our engine
-#    2  Triton model repository from model_repo/ (spark_tts) or model_repo_cosyvoice2/ (cosyvoice2) templates
+#    2  Triton model repository from model_repo/ (spark_tts) or model_repo_cosyvoice2/ (cosyvoice2, cosyvoice2_dit) templates
 #    3  launch tritonserver in the background (pid file + log), wait until ready
 #    4  benchmark client (gRPC) over a dataset
 #    5  single-utterance client (gRPC when streaming, HTTP when offline)
 #    6  OpenAI-compatible API server in front of the running tritonserver (foreground; not in the default range)
-#    7  disaggregated serving (cosyvoice2): the LLM behind an OpenAI-compatible server on --llm_gpus, and
+#    7  disaggregated serving (cosyvoice2, cosyvoice2_dit): the LLM behind an OpenAI-compatible server on --llm_gpus, and
 #       --instances_per_gpu token2wav tritonservers on each of --token2wav_gpus, their BLS asking that server
 #    8  benchmark client (gRPC) spread over the token2wav servers of stage 7, per-server and total latencies
 #  stop ends the server that stage 3 started, and the servers of stage 7:  bash run.sh stop [--model cosyvoice2]
@@ -23,7 +23,7 @@ stage=0
 stop_stage=5
 mode=streaming                      # streaming | offline
 
-model=spark_tts                     # spark_tts | cosyvoice2
+model=spark_tts                     # spark_tts | cosyvoice2 | cosyvoice2_dit (CosyVoice2 LLM + Step-Audio-2-mini DiT token2wav)
 llm_backend=torch                   # torch | trtllm
 model_source=huggingface            # huggingface | modelscope | synthetic-tiny | synthetic-full | <local dir>
 seed=0                              # synthetic checkpoints
@@ -101,7 +101,7 @@ output_dir=""                       # stage 5 writes its WAV here; default: $exp
 api_host=127.0.0.1                  # stage 6: address the API listens on; 0.0.0.0 inside a container with mapped ports
 api_port=8080                       # stage 6: POST /v1/audio/speech, GET|POST /v1/audio/voices, GET /health
 api_key=""                          # stage 6: clients must send 'Authorization: Bearer <key>'; empty: no auth
-api_model_name=auto                 # stage 6: the model name clients send, mapped to --model on Triton; auto: spark-tts | cosyvoice2
+api_model_name=auto                 # stage 6: the model name clients send, mapped to --model on Triton; auto: spark-tts | cosyvoice2 | cosyvoice2-dit
 voices_dir=""                       # stage 6: NAME.wav + NAME.txt per voice; default: $exp_dir/voices, seeded with voice 'default' from reference_audio/reference_text
 
 # Disaggregated serving (stages 7-8, --model cosyvoice2); the LLM server also takes llm_device, llm_dtype, llm_max_seq_len, llm_cuda_graphs, llm_compile (torch) or trt_engines_dir (trtllm)
@@ -153,7 +153,7 @@ fi
 
 case "$mode" in streaming|offline) ;; *) echo "run.sh: mode must be streaming or offline, not '$mode'" >&2; exit 2 ;; esac
 case "$llm_backend" in torch|trtllm) ;; *) echo "run.sh: --llm_backend must be torch or trtllm" >&2; exit 2 ;; esac
-case "$model" in spark_tts|cosyvoice2) ;; *) echo "run.sh: --model must be spark_tts or cosyvoice2, not '$model'" >&2; exit 2 ;; esac
+case "$model" in spark_tts|cosyvoice2|cosyvoice2_dit) ;; *) echo "run.sh: --model must be spark_tts, cosyvoice2 or cosyvoice2_dit, not '$model'" >&2; exit 2 ;; esac
 case "$dynamic_chunk_strategy" in exponential|fixed) ;; *) echo "run.sh: --dynamic_chunk_strategy must be exponential or fixed" >&2; exit 2 ;; esac
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
@@ -161,7 +161,7 @@ if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ]; then
   echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2" >&2; exit 2
 fi
 if [ "$action" = run ] && [ "$model" = spark_tts ] && [ "$stage" -le 8 ] && [ "$stop_stage" -ge 7 ]; then
-  echo "run.sh: stages 7-8 (disaggregated serving) are for --model cosyvoice2: the spark_tts BLS has no llm_endpoint" >&2
+  echo "run.sh: stages 7-8 (disaggregated serving) are for --model cosyvoice2 or cosyvoice2_dit: the spark_tts BLS has no llm_endpoint" >&2
   exit 2
 fi
 
@@ -184,7 +184,7 @@ disagg_log_dir=${log_dir:-$model_home/log_disagg_${mode}_tasks_${tasks_label//,/
 [ -n "$log_dir" ] || log_dir=$model_home/log_${mode}_tasks_${num_tasks}
 [ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
 [ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
-if [ "$model" = cosyvoice2 ]; then
+if [ "$model" = cosyvoice2 ] || [ "$model" = cosyvoice2_dit ]; then
   llm_subdir=cosyvoice2_llm            # the LLM as a Hugging Face Qwen2 (yuekai/cosyvoice2_llm)
   token2wav_subdir=CosyVoice2-0.5B     # front end, flow, HiFT, spk2info.pt (iic/CosyVoice2-0.5B)
   [ "$max_new_tokens" != auto ] || max_new_tokens=750
@@ -192,6 +192,11 @@ if [ "$model" = cosyvoice2 ]; then
   templates=model_repo_cosyvoice2           # where the model templates of stages 2 and 7 are
   bls_model=cosyvoice2                      # the BLS the clients of stages 4, 5 and 8 call
   leaf_models=(audio_tokenizer:audio_tokenizer speaker_embedding:speaker_embedding token2wav:token2wav)  # role:model the BLS calls
+  if [ "$model" = cosyvoice2_dit ]; then
+    dit_subdir=Step-Audio-2-mini/token2wav  # flow.yaml, flow.pt, hift.pt, campplus.onnx, speech_tokenizer_v2_25hz.onnx
+    bls_model=cosyvoice2_dit
+    leaf_models=(audio_tokenizer:audio_tokenizer token2wav:token2wav_dit)
+  fi
 else
   llm_subdir=LLM
   [ "$max_new_tokens" != auto ] || max_new_tokens=1500
@@ -235,14 +240,18 @@ write_cosyvoice2_models() {
       speaker_embedding) fill "$repo/$name/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}" ;;
       token2wav) fill "$repo/$name/config.pbtxt" \
         "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype}" ;;
+      token2wav_dit) fill "$repo/$name/config.pbtxt" \
+        "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},max_reference_seconds:${max_reference_seconds}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
     esac
     leaves+="${role}_model:${name},"
   done
   [ -z "$endpoint" ] || llm_model=none
   cp -r "$templates/$bls_model" "$repo/"
+  local bls_dir=""
+  [ "$bls_model" = cosyvoice2_dit ] || bls_dir="model_dir:${abs_t2w_dir},"   # the DiT BLS has no cached speaker
   fill "$repo/$bls_model/config.pbtxt" \
-    "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
+    "${bls_dir}llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
 }
 
 # The benchmark client's options that stages 4 and 8 share, into the array bench_extra; writes the default
@@ -324,7 +333,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   mkdir -p "$model_repo"
   abs_model_dir=$(cd "$model_dir" && pwd)
   abs_llm_dir=$abs_model_dir/$llm_subdir
-  if [ "$model" = cosyvoice2 ]; then
+  if [ "$model" != spark_tts ]; then
     write_cosyvoice2_models "$model_repo" ""
   else
     for name in spark_tts audio_tokenizer vocoder; do
@@ -384,7 +393,8 @@ fi
 
 if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
   if [ "$api_model_name" = auto ]; then
-    api_model_name=$([ "$model" = cosyvoice2 ] && echo cosyvoice2 || echo spark-tts)
+    api_model_name=${model//_/-}
+    [ "$model" != spark_tts ] || api_model_name=spark-tts
   fi
   log "Stage 6: OpenAI-compatible API on http://$api_host:$api_port (model $api_model_name -> $model), voices in $voices_dir"
   mkdir -p "$voices_dir"

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from tritontts.cosyvoice2 import layout as cosyvoice2_layout
+from tritontts.dit_token2wav import layout as dit_layout
 from tritontts.spark import layout as spark_layout
 
-LAYOUTS = {"spark_tts": spark_layout, "cosyvoice2": cosyvoice2_layout}
+LAYOUTS = {"spark_tts": spark_layout, "cosyvoice2": cosyvoice2_layout, "cosyvoice2_dit": dit_layout}
 OFFLINE_HINT = (
     "No network? Use --model_source synthetic-tiny (or synthetic-full) to write a synthetic checkpoint."
 )
@@ -21,11 +22,11 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
-def download_huggingface(repo: str, out: Path) -> None:
+def download_huggingface(repo: str, out: Path, patterns: list[str] | None = None) -> None:
     from huggingface_hub import snapshot_download
 
     # Resumes interrupted downloads and shows a tqdm bar per file.
-    snapshot_download(repo_id=repo, local_dir=str(out))
+    snapshot_download(repo_id=repo, local_dir=str(out), allow_patterns=patterns)
 
 
 def download_modelscope(repo: str, out: Path) -> None:
@@ -64,15 +65,26 @@ def download_cosyvoice2(source: str, out: Path) -> None:
             print(f"warning: no {spk2info} (cached speakers; requests then need reference audio): {err}")
 
 
+def download_dit_token2wav(out: Path) -> None:
+    """Step-Audio-2-mini's token2wav files into `out/Step-Audio-2-mini/token2wav` (from the HF hub, as upstream)."""
+    target = out / dit_layout.STEP_AUDIO_DIR
+    print(f"downloading {dit_layout.STEP_AUDIO_REPO} (token2wav/ only) from huggingface into {target}")
+    download_huggingface(dit_layout.STEP_AUDIO_REPO, target, ["token2wav/*"])
+
+
 def write_synthetic(model: str, preset: str, out: Path, seed: int) -> None:
     if model == "spark_tts":
         from tritontts.synthetic.spark import write_spark_checkpoint
 
         write_spark_checkpoint(out, preset=preset, seed=seed)
-    elif model == "cosyvoice2":
+    elif model in ("cosyvoice2", "cosyvoice2_dit"):
         from tritontts.synthetic.cosyvoice2 import write_cosyvoice2_checkpoint
 
         write_cosyvoice2_checkpoint(out, preset=preset, seed=seed)
+        if model == "cosyvoice2_dit":
+            from tritontts.synthetic.dit_token2wav import write_dit_token2wav
+
+            write_dit_token2wav(out / dit_layout.TOKEN2WAV_DIR, preset=preset, seed=seed)
     else:
         fail(f"no synthetic generator for model {model}")
 
@@ -89,7 +101,8 @@ def main() -> None:
         "--output_dir",
         type=Path,
         help="where hub and synthetic checkpoints go (not used for a local dir); "
-        "for cosyvoice2 it receives CosyVoice2-0.5B/ and cosyvoice2_llm/",
+        "for cosyvoice2 it receives CosyVoice2-0.5B/ and cosyvoice2_llm/, for cosyvoice2_dit also "
+        "Step-Audio-2-mini/token2wav/",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -106,8 +119,11 @@ def main() -> None:
             print(f"{out} is complete; nothing to download")
             return
         try:
-            if args.model == "cosyvoice2":
-                download_cosyvoice2(source, out)
+            if args.model in ("cosyvoice2", "cosyvoice2_dit"):
+                if cosyvoice2_layout.missing_files(out):
+                    download_cosyvoice2(source, out)
+                if args.model == "cosyvoice2_dit":
+                    download_dit_token2wav(out)
             else:
                 repo = layout.HF_REPO if source == "huggingface" else layout.MODELSCOPE_REPO
                 print(f"downloading {repo} from {source} into {out}")

@@ -131,7 +131,7 @@ COSYVOICE2_MODELS = {"cosyvoice2", "audio_tokenizer", "speaker_embedding", "toke
 def test_help_lists_the_cosyvoice2_knobs():
     done = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
-    assert "--model [spark_tts] spark_tts | cosyvoice2" in done.stdout
+    assert "--model [spark_tts] spark_tts | cosyvoice2 | cosyvoice2_dit" in done.stdout
     for option, default in (
         ("token_hop_len", "15"),
         ("pre_lookahead_len", "3"),
@@ -147,7 +147,7 @@ def test_help_lists_the_cosyvoice2_knobs():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (["--model", "f5_tts"], "--model must be spark_tts or cosyvoice2"),
+        (["--model", "f5_tts"], "--model must be spark_tts, cosyvoice2 or cosyvoice2_dit"),
         (["--model", "cosyvoice2", "--dynamic_chunk_strategy", "linear"], "--dynamic_chunk_strategy"),
         (["--model", "cosyvoice2", "--token2wav_dtype", "int8"], "--token2wav_dtype"),
         (["--model", "cosyvoice2", "--use_spk2info_cache", "yes"], "--use_spk2info_cache must be"),
@@ -228,6 +228,40 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         assert _parameters(parsed["tensorrt_llm"])["model_dir"] == bls["llm_tokenizer_dir"]
 
 
+def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(tmp_path):
+    from tritontts.dit_token2wav.layout import missing_files
+
+    command = [
+        "bash",
+        "run.sh",
+        "0",
+        "2",
+        "streaming",
+        "--model",
+        "cosyvoice2_dit",
+        "--model_source",
+        "synthetic-tiny",
+    ]
+    command += ["--exp_dir", str(tmp_path), "--python", sys.executable, "--bls_instance_num", "3"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    checkpoint = (tmp_path / "cosyvoice2_dit" / "checkpoint").resolve()
+    assert missing_files(checkpoint) == []
+    parsed = _parse_repo(tmp_path / "cosyvoice2_dit" / "model_repo_torch_streaming")
+    assert set(parsed) == {"cosyvoice2_dit", "audio_tokenizer", "token2wav_dit", "tensorrt_llm"}
+    bls = _parameters(parsed["cosyvoice2_dit"])
+    assert (bls["audio_tokenizer_model"], bls["token2wav_model"], bls["tensorrt_llm_model"]) == (
+        "audio_tokenizer",
+        "token2wav_dit",
+        "tensorrt_llm",
+    )
+    assert parsed["cosyvoice2_dit"].instance_group[0].count == 3
+    assert _parameters(parsed["token2wav_dit"])["model_dir"] == str(
+        checkpoint / "Step-Audio-2-mini" / "token2wav"
+    )
+    assert _parameters(parsed["audio_tokenizer"])["model_dir"] == str(checkpoint / "CosyVoice2-0.5B")
+
+
 DISAGGREGATED_OPTIONS = {
     "llm_gpus": "0",
     "token2wav_gpus": "1",
@@ -246,7 +280,7 @@ DISAGGREGATED_OPTIONS = {
 def test_help_names_stages_7_8_and_their_options_only():
     done = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
-    assert "7  disaggregated serving (cosyvoice2)" in done.stdout
+    assert "7  disaggregated serving (cosyvoice2, cosyvoice2_dit)" in done.stdout
     assert "8  benchmark client (gRPC) spread over the token2wav servers of stage 7" in done.stdout
     for option, default in DISAGGREGATED_OPTIONS.items():
         assert f"\n  --{option} [{default}] stage 7" in done.stdout
