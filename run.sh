@@ -16,6 +16,8 @@
 #    7  disaggregated serving (cosyvoice2, cosyvoice2_dit): the LLM behind an OpenAI-compatible server on --llm_gpus, and
 #       --instances_per_gpu token2wav tritonservers on each of --token2wav_gpus, their BLS asking that server
 #    8  benchmark client (gRPC) spread over the token2wav servers of stage 7, per-server and total latencies
+#   10  token2wav alone (cosyvoice2, cosyvoice2_dit) over the dataset's target tokens (random ones of the right
+#       length when the rows have none): offline and streamed latency, first chunk, RTF
 #  stop ends the server that stage 3 started, and the servers of stage 7:  bash run.sh stop [--model cosyvoice2]
 set -euo pipefail
 
@@ -116,6 +118,9 @@ llm_server_max_batch_size=64        # stage 7: requests the LLM server runs at o
 llm_server_kv_cache_fraction=0.4    # stage 7, trtllm: trtllm-serve --kv_cache_free_gpu_memory_fraction (upstream: 0.4)
 trtllm_serve_prefix="mpirun -np 1 --allow-run-as-root --oversubscribe"  # stage 7, trtllm: what runs trtllm-serve, as upstream; "" runs it directly
 llm_server_extra_args=""            # stage 7: more LLM server arguments, e.g. "--backend tensorrt" for a trtllm-serve whose default backend is pytorch
+
+# Standalone token2wav benchmark (stage 10, --model cosyvoice2 | cosyvoice2_dit)
+token2wav_bench_mode=both           # stage 10: offline | streaming | both (streaming follows the BLS schedule: token_hop_len, pre_lookahead_len, dynamic_chunk_strategy)
 
 usage() {
   awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
@@ -446,4 +451,18 @@ if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
   "$python" client_grpc.py --server-addrs "$server_addrs" --num-gpus "$num_gpus" --model-name "$bls_model" --mode "$mode" \
     --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
     --chunk-overlap-duration "$chunk_overlap" --log-dir "$disagg_log_dir" "${bench_extra[@]}"
+fi
+
+if [ "$stage" -le 10 ] && [ "$stop_stage" -ge 10 ]; then
+  if [ "$model" = spark_tts ]; then
+    echo "run.sh: stage 10 (standalone token2wav) is for --model cosyvoice2 or cosyvoice2_dit" >&2
+    exit 2
+  fi
+  log "Stage 10: token2wav alone ($model), $token2wav_bench_mode, into $model_home/log_token2wav"
+  prepare_benchmark
+  bench_strategy=$([ "$dynamic_chunk_strategy" = fixed ] && echo fixed || echo exponential)
+  "$python" scripts/bench_token2wav.py --model "$model" --model-dir "$model_dir" --huggingface-dataset "$dataset" \
+    --split-name "$split_name" --mode "$token2wav_bench_mode" --strategy "$bench_strategy" \
+    --token-hop-len "$token_hop_len" --pre-lookahead-len "$pre_lookahead_len" --device "$model_device" \
+    --dtype "$token2wav_dtype" --warmup "$warmup" --log-dir "$model_home/log_token2wav"
 fi

@@ -228,7 +228,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         assert _parameters(parsed["tensorrt_llm"])["model_dir"] == bls["llm_tokenizer_dir"]
 
 
-def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(tmp_path):
+def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(tmp_path, bench_data):
     from tritontts.dit_token2wav.layout import missing_files
 
     command = [
@@ -260,6 +260,23 @@ def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(t
         checkpoint / "Step-Audio-2-mini" / "token2wav"
     )
     assert _parameters(parsed["audio_tokenizer"])["model_dir"] == str(checkpoint / "CosyVoice2-0.5B")
+
+    command = ["bash", "run.sh", "10", "10", "--model", "cosyvoice2_dit", "--model_source", "synthetic-tiny"]
+    command += ["--exp_dir", str(tmp_path), "--python", sys.executable, "--dataset", str(bench_data)]
+    command += [
+        "--split_name",
+        "wenetspeech4tts",
+        "--token2wav_bench_mode",
+        "offline",
+        "--model_device",
+        "cpu",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(
+        (tmp_path / "cosyvoice2_dit" / "log_token2wav" / "token2wav_cosyvoice2_dit_offline.json").read_text()
+    )
+    assert report["tokens"] == "synthetic" and len(report["records"]) == 4
 
 
 DISAGGREGATED_OPTIONS = {
