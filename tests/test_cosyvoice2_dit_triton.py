@@ -7,7 +7,6 @@ N speech tokens make N * 960 samples of 24 kHz audio, offline or streamed; a str
 
 from __future__ import annotations
 
-import queue
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,7 +20,7 @@ from cosyvoice2_models import (
     TOKEN_HOP_LEN,
     build_cosyvoice2_models,
 )
-from triton_stream import make_inputs
+from triton_stream import make_inputs, stream_waveforms
 from tritonclient.utils import InferenceServerException
 
 from tritontts.audio import load_wav
@@ -78,25 +77,7 @@ def infer(server, model: str, values: dict, **kwargs) -> np.ndarray:
 
 
 def stream(server, values: dict, parameters: dict) -> list[np.ndarray]:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    events: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    chunks = []
-    try:
-        client.async_stream_infer(
-            STREAMING, make_inputs(values), parameters=parameters, enable_empty_final_response=True
-        )
-        while True:
-            result, error = events.get(timeout=300)
-            if error is not None:
-                raise error
-            if result.as_numpy("waveform") is not None:
-                chunks.append(result.as_numpy("waveform").reshape(-1))
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return chunks
-    finally:
-        client.stop_stream()
-        client.close()
+    return stream_waveforms(server.grpc_url, STREAMING, values, parameters)
 
 
 def audible(audio: np.ndarray) -> bool:

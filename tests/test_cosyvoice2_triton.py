@@ -7,7 +7,6 @@ into the start of the next one, so the chunks themselves join end to end with no
 
 from __future__ import annotations
 
-import queue
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from cosyvoice2_models import (
     TOKEN_HOP_LEN,
     build_cosyvoice2_models,
 )
-from triton_stream import make_inputs
+from triton_stream import make_inputs, stream_waveforms
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tritontts.audio import load_wav
@@ -86,26 +85,7 @@ def offline(server, values: dict, count: int) -> np.ndarray:
 
 
 def stream(server, values: dict, parameters: dict) -> list[np.ndarray]:
-    """Every data response of one streamed request, in order; the error text raised as an exception."""
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    events: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    chunks = []
-    try:
-        client.async_stream_infer(
-            STREAMING, make_inputs(values), parameters=parameters, enable_empty_final_response=True
-        )
-        while True:
-            result, error = events.get(timeout=300)
-            if error is not None:
-                raise error
-            if result.as_numpy("waveform") is not None:
-                chunks.append(result.as_numpy("waveform").reshape(-1))
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return chunks
-    finally:
-        client.stop_stream()
-        client.close()
+    return stream_waveforms(server.grpc_url, STREAMING, values, parameters)
 
 
 def expected_chunk_sizes(count: int) -> list[int]:

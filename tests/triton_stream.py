@@ -69,3 +69,28 @@ class Stream:
     def cancel(self) -> None:
         self.client.stop_stream(cancel_requests=True)
         self.client.close()
+
+
+def stream_waveforms(
+    url: str, model: str, values: dict[str, np.ndarray], parameters: dict
+) -> list[np.ndarray]:
+    """Every `waveform` of one streamed request, in order; an error response is raised as the exception."""
+    client = grpcclient.InferenceServerClient(url)
+    events: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    chunks = []
+    try:
+        client.async_stream_infer(
+            model, make_inputs(values), parameters=parameters, enable_empty_final_response=True
+        )
+        while True:
+            result, error = events.get(timeout=300)
+            if error is not None:
+                raise error
+            if result.as_numpy("waveform") is not None:
+                chunks.append(result.as_numpy("waveform").reshape(-1))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return chunks
+    finally:
+        client.stop_stream()
+        client.close()
