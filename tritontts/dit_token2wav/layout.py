@@ -21,5 +21,7 @@ REQUIRED_FILES = (*cosyvoice2_layout.REQUIRED_FILES, *(f"{TOKEN2WAV_DIR}/{name}"
 def missing_files(root: str | Path) -> list[str]:
     """What `root` (holding the three folders) lacks for serving; empty when complete."""
     root = Path(root)
-    dit = [f"{TOKEN2WAV_DIR}/{name}" for name in TOKEN2WAV_FILES if not (root / TOKEN2WAV_DIR / name).is_file()]
+    dit = [
+        f"{TOKEN2WAV_DIR}/{name}" for name in TOKEN2WAV_FILES if not (root / TOKEN2WAV_DIR / name).is_file()
+    ]
     return cosyvoice2_layout.missing_files(root) + dit
