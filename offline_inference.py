@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Benchmark a whole TTS pipeline in one process, no server: Spark-TTS (audio tokenizer → LLM → vocoder) or
-CosyVoice2 (front end → LLM → token2wav).
+"""Benchmark a whole TTS pipeline in one process, no server: Spark-TTS (audio tokenizer → LLM → vocoder),
+CosyVoice2 (front end → LLM → token2wav) or CosyVoice2-DiT (the same LLM, Step-Audio-2-mini's DiT token2wav).
 
     python offline_inference.py --model-dir Spark-TTS-0.5B --huggingface-dataset exp/bench_data \
         --split-name wenetspeech4tts --backend torch --batch-sizes 1,2,4,8,16 --log-dir exp/offline
     python offline_inference.py --model cosyvoice2 --model-dir exp/cosyvoice2/checkpoint \
         --huggingface-dataset yuekai/seed_tts_cosy2 --split-name wenetspeech4tts --log-dir exp/offline
+    python offline_inference.py --model cosyvoice2_dit --model-dir exp/cosyvoice2_dit/checkpoint \
+        --backend openai --llm-endpoint http://localhost:8000/v1/chat/completions \
+        --huggingface-dataset yuekai/seed_tts_cosy2 --split-name wenetspeech4tts --log-dir exp/offline
+
+Backends: torch, hf, trtllm (in this process) and, for the CosyVoice2 models, openai (alias trtllm-serve): an
+OpenAI-compatible /v1/chat/completions at --llm-endpoint (trtllm-serve, or python -m
+tritontts.llm.openai_server), one non-streamed request per row, a batch's requests in flight together.
 
 For each batch size the rows are grouped into batches; each batch's stages are timed on their own (the LLM
 generates all prompts of a batch together). The first batch of each batch size is first run once as a
 warm-up, timed apart and excluded from the totals. Writes every WAV to LOG_DIR/<backend>_bs<N>/<id>.wav,
-LOG_DIR/offline_<backend>.json and .md (cosyvoice2: offline_cosyvoice2_<backend>.json and .md), and prints
+LOG_DIR/offline_<backend>.json and .md (other models: offline_<model>_<backend>.json and .md), and prints
 the table.
 
 --realistic-lengths makes every row generate exactly as many tokens as its target text's expected duration
@@ -27,12 +34,16 @@ from pathlib import Path
 
 from tritontts.bench.dataset import DatasetError, load_utterances
 from tritontts.bench.offline import (
+    BACKEND_ALIASES,
     BACKENDS,
+    MISSING_ENDPOINT,
     MODELS,
     TOKEN2WAV_DTYPES,
     TRTLLM_MISSING,
     BackendUnavailable,
+    LLMEndpointError,
     OfflineSettings,
+    backend_name,
     markdown_table,
     run_offline,
     trtllm_available,
@@ -59,7 +70,7 @@ def get_parser() -> argparse.ArgumentParser:
         "--model-dir",
         required=True,
         help="spark_tts: the checkpoint (config.yaml, BiCodec/, LLM/, ...); cosyvoice2: the folder holding "
-        "CosyVoice2-0.5B/ and cosyvoice2_llm/",
+        "CosyVoice2-0.5B/ and cosyvoice2_llm/; cosyvoice2_dit: those and Step-Audio-2-mini/token2wav/",
     )
     p.add_argument(
         "--huggingface-dataset",
@@ -67,7 +78,13 @@ def get_parser() -> argparse.ArgumentParser:
         help="hub name, save_to_disk dir, parquet file or dir, or manifest",
     )
     p.add_argument("--split-name", default="wenetspeech4tts", help="dataset split")
-    p.add_argument("--backend", choices=BACKENDS, default="torch", help="LLM backend")
+    p.add_argument(
+        "--backend",
+        type=backend_name,
+        choices=BACKENDS,
+        default="torch",
+        help=f"LLM backend ({', '.join(f'{a} = {b}' for a, b in BACKEND_ALIASES.items())})",
+    )
     p.add_argument("--batch-sizes", type=batch_sizes, default=(1, 2, 4, 8, 16), help="e.g. 1,2,4,8,16")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument(
@@ -79,7 +96,7 @@ def get_parser() -> argparse.ArgumentParser:
         "--token2wav-dtype",
         choices=TOKEN2WAV_DTYPES,
         default="auto",
-        help="cosyvoice2 flow dtype; auto: float16 on CUDA, float32 on CPU (HiFT: float32)",
+        help="cosyvoice2(_dit) flow dtype; auto: float16 on CUDA, float32 on CPU (HiFT: float32)",
     )
     p.add_argument(
         "--max-new-tokens",
@@ -98,6 +115,14 @@ def get_parser() -> argparse.ArgumentParser:
         "--max-seq-len", type=int, default=None, help="torch engine KV length (default: fit the longest row)"
     )
     p.add_argument("--engine-dir", default=None, help="trtllm: the TensorRT-LLM engine directory")
+    p.add_argument(
+        "--llm-endpoint",
+        default=None,
+        help="openai: URL of the LLM's /v1/chat/completions (a bare http://host:port gets that path)",
+    )
+    p.add_argument(
+        "--llm-model", default="trt_engines_bfloat16", help="openai: the requests' model name (upstream's)"
+    )
     return p
 
 
@@ -105,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     args = get_parser().parse_args(argv)
     if args.backend == "trtllm" and not trtllm_available():
         print(f"error: {TRTLLM_MISSING}", file=sys.stderr)
+        return 2
+    if args.backend == "openai" and not args.llm_endpoint:
+        print(f"error: {MISSING_ENDPOINT}", file=sys.stderr)
         return 2
     settings = OfflineSettings(
         model=args.model,
@@ -120,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         max_seq_len=args.max_seq_len,
         engine_dir=Path(args.engine_dir) if args.engine_dir else None,
         token2wav_dtype=args.token2wav_dtype,
+        llm_endpoint=args.llm_endpoint,
+        llm_model=args.llm_model,
     )
     try:
         rows = load_utterances(args.huggingface_dataset, args.split_name)
@@ -129,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     except BackendUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (DatasetError, ValueError, FileNotFoundError) as err:
+    except (DatasetError, ValueError, FileNotFoundError, LLMEndpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     paths = write_outputs(report, Path(args.log_dir))

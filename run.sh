@@ -16,6 +16,8 @@
 #    7  disaggregated serving (cosyvoice2, cosyvoice2_dit): the LLM behind an OpenAI-compatible server on --llm_gpus, and
 #       --instances_per_gpu token2wav tritonservers on each of --token2wav_gpus, their BLS asking that server
 #    8  benchmark client (gRPC) spread over the token2wav servers of stage 7, per-server and total latencies
+#    9  the whole pipeline in one process, no server (offline_inference.py), per batch size; the LLM from
+#       --offline_backend (torch | hf | trtllm | openai: an OpenAI-compatible server such as trtllm-serve)
 #   10  token2wav alone (cosyvoice2, cosyvoice2_dit) over the dataset's target tokens (random ones of the right
 #       length when the rows have none): offline and streamed latency, first chunk, RTF
 #  stop ends the server that stage 3 started, and the servers of stage 7:  bash run.sh stop [--model cosyvoice2]
@@ -119,7 +121,9 @@ llm_server_kv_cache_fraction=0.4    # stage 7, trtllm: trtllm-serve --kv_cache_f
 trtllm_serve_prefix="mpirun -np 1 --allow-run-as-root --oversubscribe"  # stage 7, trtllm: what runs trtllm-serve, as upstream; "" runs it directly
 llm_server_extra_args=""            # stage 7: more LLM server arguments, e.g. "--backend tensorrt" for a trtllm-serve whose default backend is pytorch
 
-# Standalone token2wav benchmark (stage 10, --model cosyvoice2 | cosyvoice2_dit)
+# One-process benchmark (stage 9, offline_inference.py) and standalone token2wav benchmark (stage 10)
+offline_backend=torch               # stage 9: torch | hf | trtllm | openai (the LLM server at llm_port, e.g. stage 7's or trtllm-serve)
+offline_batch_sizes=1,2,4,8,16      # stage 9: batch sizes run one after another
 token2wav_bench_mode=both           # stage 10: offline | streaming | both (streaming follows the BLS schedule: token_hop_len, pre_lookahead_len, dynamic_chunk_strategy)
 
 usage() {
@@ -451,6 +455,19 @@ if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
   "$python" client_grpc.py --server-addrs "$server_addrs" --num-gpus "$num_gpus" --model-name "$bls_model" --mode "$mode" \
     --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
     --chunk-overlap-duration "$chunk_overlap" --log-dir "$disagg_log_dir" "${bench_extra[@]}"
+fi
+
+if [ "$stage" -le 9 ] && [ "$stop_stage" -ge 9 ]; then
+  log "Stage 9: offline_inference.py ($model, LLM $offline_backend), batch sizes $offline_batch_sizes, into $model_home/log_offline_inference"
+  prepare_benchmark
+  offline_extra=()
+  [ "$realistic_lengths" = true ] && offline_extra+=(--realistic-lengths)
+  [ "$offline_backend" != openai ] || offline_extra+=(--llm-endpoint "$llm_endpoint")
+  [ "$offline_backend" != trtllm ] || offline_extra+=(--engine-dir "$trt_engines_dir")
+  [ "$model" = spark_tts ] || offline_extra+=(--token2wav-dtype "$token2wav_dtype")
+  "$python" offline_inference.py --model "$model" --model-dir "$model_dir" --huggingface-dataset "$dataset" \
+    --split-name "$split_name" --backend "$offline_backend" --batch-sizes "$offline_batch_sizes" \
+    --max-new-tokens "$max_new_tokens" --log-dir "$model_home/log_offline_inference" "${offline_extra[@]}"
 fi
 
 if [ "$stage" -le 10 ] && [ "$stop_stage" -ge 10 ]; then

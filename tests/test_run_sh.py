@@ -278,6 +278,14 @@ def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(t
     )
     assert report["tokens"] == "synthetic" and len(report["records"]) == 4
 
+    (port,) = free_ports(1)
+    command = ["bash", "run.sh", "9", "9", "--model", "cosyvoice2_dit", "--model_source", "synthetic-tiny"]
+    command += ["--exp_dir", str(tmp_path), "--python", sys.executable, "--dataset", str(bench_data)]
+    command += ["--offline_backend", "openai", "--llm_port", str(port)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert f"cannot reach the LLM endpoint http://127.0.0.1:{port}/v1/chat/completions" in done.stderr
+
 
 DISAGGREGATED_OPTIONS = {
     "llm_gpus": "0",

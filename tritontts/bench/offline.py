@@ -1,10 +1,12 @@
 """A whole TTS pipeline in one process, no server, batch by batch, each stage timed on its own, for one LLM
-backend at several batch sizes. The model's own parts live in `offline_spark` and `offline_cosyvoice2`; this
-module holds what they share: settings, timing records, the LLM backends, the batch loop and the report.
+backend at several batch sizes. The model's own parts live in `offline_spark`, `offline_cosyvoice2` and
+`offline_cosyvoice2_dit`; this module holds what they share: settings, timing records, the LLM backends, the
+batch loop and the report.
 
 Backends: `torch` (our engine, all prompts of a batch in flight together), `hf` (transformers'
 `Qwen2ForCausalLM.generate`, left-padded) and `trtllm` (TensorRT-LLM's `ModelRunnerCpp`). Each returns, per
-prompt, the generated token ids without the end token.
+prompt, the generated token ids without the end token. CosyVoice2 also has `openai` (alias `trtllm-serve`):
+an OpenAI-compatible chat endpoint elsewhere (`offline_openai`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import json
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import soundfile
@@ -27,13 +29,20 @@ from tritontts.dsp.resample import resample
 from tritontts.llm.config import Qwen2Config
 from tritontts.spark.codec import resolve_device
 
-BACKENDS = ("torch", "hf", "trtllm")
-MODELS = ("spark_tts", "cosyvoice2")
+BACKENDS = ("torch", "hf", "trtllm", "openai")
+BACKEND_ALIASES = {"trtllm-serve": "openai"}
+CHAT_BACKEND_MODELS = ("cosyvoice2", "cosyvoice2_dit")
+"""the models whose LLM prompt the `openai` backend can send as chat messages"""
+MODELS = ("spark_tts", "cosyvoice2", "cosyvoice2_dit")
 TOKEN2WAV_DTYPES = ("auto", "float32", "float16", "bfloat16")
 WARMUP_NOTE = (
     "before the measured pass of each batch size, its first batch is run once as a warm-up (CUDA graph "
     "capture, compilation, first-call costs); the warm-up is timed separately under `warmup` and excluded "
     "from every total; the measured pass then runs all rows, the first batch included"
+)
+MISSING_ENDPOINT = (
+    "the openai backend needs --llm-endpoint URL, the /v1/chat/completions of an OpenAI-compatible LLM server "
+    "(trtllm-serve, or python -m tritontts.llm.openai_server --model-dir <model-dir>/cosyvoice2_llm)"
 )
 TRTLLM_MISSING = (
     "tensorrt_llm.runtime.ModelRunnerCpp cannot be imported; the trtllm backend needs NVIDIA's TensorRT-LLM "
@@ -46,7 +55,16 @@ Generate = Callable[[list[np.ndarray], list[int | None]], list[list[int]]]
 
 
 class BackendUnavailable(RuntimeError):
-    """The backend's library cannot be imported here."""
+    """The backend's library cannot be imported here, or its server cannot be reached."""
+
+
+class LLMEndpointError(RuntimeError):
+    """The LLM endpoint answered, but not with a completion."""
+
+
+def backend_name(name: str) -> str:
+    """The backend an alias stands for (`trtllm-serve` is `openai`)."""
+    return BACKEND_ALIASES.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,10 @@ class OfflineSettings:
     model: str = "spark_tts"
     token2wav_dtype: str = "auto"
     """cosyvoice2 flow: auto (float16 on CUDA as upstream, float32 on CPU) | float32 | float16 | bfloat16"""
+    llm_endpoint: str | None = None
+    """openai: the URL of `/v1/chat/completions`"""
+    llm_model: str = "trt_engines_bfloat16"
+    """openai: the request's `model` (upstream's trtllm-serve name)"""
 
 
 @dataclass(frozen=True)
@@ -152,13 +174,35 @@ class OfflinePipeline(Protocol):
     token_rate: int
     """speech tokens per second of audio, for --realistic-lengths"""
     decoding: Decoding
-    max_seq_len: int
+    max_seq_len: int | None
+    """None when the LLM runs elsewhere"""
 
     def run_batch(
         self, rows: Sequence[Utterance], wavs: Sequence[np.ndarray], forced: Sequence[int | None]
     ) -> tuple[list[np.ndarray], list[list[int]], StageTimes]: ...
 
     def speech_token_count(self, generated: list[int]) -> int: ...
+
+
+@runtime_checkable
+class WarmupAware(Protocol):
+    """A pipeline that caches per reference voice forgets the warm-up's voices before the measured pass."""
+
+    def after_warmup(self) -> None: ...
+
+
+class RequestSeeds:
+    """The sampling seed of each request in order, `seed * 1_000_003 + n` for the run's n-th request (warm-ups
+    included), so that backends which see the same batches sample each row with the same seed."""
+
+    def __init__(self, seed: int) -> None:
+        self.base = seed * 1_000_003
+        self.issued = 0
+
+    def take(self, count: int) -> list[int]:
+        first = self.base + self.issued
+        self.issued += count
+        return list(range(first, first + count))
 
 
 @dataclass
@@ -251,6 +295,8 @@ def run_batch_size(
     _, _, warmup = pipeline.run_batch(
         [rows[i] for i in first], [wavs[i] for i in first], [forced[i] for i in first]
     )
+    if isinstance(pipeline, WarmupAware):
+        pipeline.after_warmup()
     result = BatchSizeResult(batch_size, len(indices), StageTimes(), warmup)
     wav_dir.mkdir(parents=True, exist_ok=True)
     for number, batch in enumerate(indices):
@@ -297,19 +343,19 @@ def torch_backend(
         cuda_graphs=device.type == "cuda",
         compile=settings.compile,
     )
-    counter = iter(range(1 << 62))
+    seeds = RequestSeeds(settings.seed)
 
     def generate(prompts: list[np.ndarray], forced: list[int | None]) -> list[list[int]]:
         params = [
             SamplingParams(
                 max_tokens=n or max_new_tokens,
                 min_tokens=n or 0,
-                seed=settings.seed * 1_000_003 + next(counter),
+                seed=seed,
                 end_id=decoding.end_id,
                 pad_id=decoding.pad_id,
                 **decoding.sampling(),
             )
-            for n in forced
+            for n, seed in zip(forced, seeds.take(len(forced)), strict=True)
         ]
         for prompt, p in zip(prompts, params, strict=True):
             if len(prompt) + p.max_tokens > max_seq_len:
@@ -433,7 +479,9 @@ def llm_backend(
         return torch_backend(settings, llm_dir, decoding, device, dtype, max_seq_len, max_new_tokens)
     if settings.backend == "hf":
         return hf_backend(settings, llm_dir, decoding, device, dtype, max_new_tokens)
-    return trtllm_backend(settings, decoding, max_new_tokens)
+    if settings.backend == "trtllm":
+        return trtllm_backend(settings, decoding, max_new_tokens)
+    raise ValueError(f"backend {settings.backend!r} does not take prompt ids")
 
 
 def environment(
@@ -460,7 +508,9 @@ def environment(
             "included, WAV writing excluded), torch.cuda.synchronize() around every stage on CUDA; rtf = "
             "wall_s / audio_s; llm_tokens_per_s = tokens / llm_s. With --realistic-lengths, the hf and trtllm "
             "backends run every row of a batch to the batch's largest forced count (static batching) and cut "
-            "each row to its own; tokens counts only the rows' own tokens"
+            "each row to its own; tokens counts only the rows' own tokens. openai: one non-streamed HTTP "
+            "request per row, all rows of a batch in flight together; llm_s is the batch's wall time from the "
+            "first request sent to the last reply parsed, tokens the <|s_N|> tokens of the replies"
         ),
         "warmup_note": WARMUP_NOTE,
     }
@@ -468,10 +518,19 @@ def environment(
 
 def run_offline(settings: OfflineSettings, rows: Sequence[Utterance], log_dir: Path) -> dict:
     """Every batch size over `rows`; writes WAVs under `log_dir/<backend>_bs<N>/`, returns the report dict."""
+    settings = replace(settings, backend=backend_name(settings.backend))
     if settings.model not in MODELS:
         raise ValueError(f"unknown model {settings.model!r}; choose from {MODELS}")
     if settings.backend not in BACKENDS:
         raise ValueError(f"unknown backend {settings.backend!r}; choose from {BACKENDS}")
+    if settings.backend == "openai":
+        if settings.model not in CHAT_BACKEND_MODELS:
+            raise ValueError(
+                f"the openai backend sends CosyVoice2's chat prompt; --model {settings.model} takes "
+                "torch, hf or trtllm"
+            )
+        if not settings.llm_endpoint:
+            raise ValueError(MISSING_ENDPOINT)
     if settings.backend == "trtllm" and not trtllm_available():
         raise BackendUnavailable(TRTLLM_MISSING)
     if not rows:
@@ -479,8 +538,10 @@ def run_offline(settings: OfflineSettings, rows: Sequence[Utterance], log_dir: P
     device = resolve_device(settings.device)
     if settings.model == "spark_tts":
         from tritontts.bench.offline_spark import create_pipeline
-    else:
+    elif settings.model == "cosyvoice2":
         from tritontts.bench.offline_cosyvoice2 import create_pipeline
+    else:
+        from tritontts.bench.offline_cosyvoice2_dit import create_pipeline
     pipeline, input_rate, extra = create_pipeline(settings, rows, device)
     wavs = to_rate(rows, input_rate)
     forced = forced_token_counts(rows, settings.realistic_lengths, pipeline.token_rate)

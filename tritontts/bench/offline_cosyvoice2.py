@@ -5,13 +5,18 @@
 front end runs one reference at a time, the LLM all prompts of a batch together, token2wav one row at a time
 (offline, as upstream's `token2wav_batch_size=1`). Generated ids that are not speech tokens are dropped, as
 upstream's offline script drops them when it decodes the text.
+
+The token2wav side is a strategy (`Token2WavStrategy`): this module's flow + HiFT, or the DiT token2wav of
+`offline_cosyvoice2_dit`; the LLM side is any backend of `offline`, or the `openai` chat endpoint.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -31,6 +36,7 @@ from tritontts.bench.offline import (
     synchronize,
     timed,
 )
+from tritontts.bench.offline_openai import ChatSpeechBackend
 from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, CosyVoice2Frontend, PromptFeatures
 from tritontts.cosyvoice2.layout import LLM_DIR, MODEL_DIR
 from tritontts.cosyvoice2.prompt import UPSTREAM_DECODING, CosyVoice2Prompt
@@ -69,6 +75,65 @@ def plan_max_seq_len(rows: Sequence[Utterance], prompter: CosyVoice2Prompt, max_
     return -(-(longest + max_new_tokens) // 256) * 256
 
 
+@dataclass(frozen=True)
+class SpeechPrompt:
+    """One row's LLM input: ids for the in-process backends, texts and speech tokens for a chat endpoint."""
+
+    reference_text: str
+    target_text: str
+    speech_tokens: np.ndarray
+    """int32 [n], the reference's speech tokens 0..6560"""
+    ids: np.ndarray
+    """int32 LLM input ids (the prompt text, then the speech tokens)"""
+
+
+# Prompts and per prompt the forced token count (or None) in; per prompt the generated LLM ids out.
+SpeechGenerate = Callable[[list[SpeechPrompt], list[int | None]], list[list[int]]]
+
+
+class Token2WavStrategy(Protocol):
+    """What turns a reference into a voice (its `speech_tokens` go into the LLM prompt) and speech tokens into
+    audio at 24 kHz; `forget_voices` drops whatever it caches per reference."""
+
+    def voice(self, wav_16k: np.ndarray) -> Any: ...
+
+    def vocode(self, tokens: list[int], voice: Any) -> np.ndarray: ...
+
+    def forget_voices(self) -> None: ...
+
+
+class FlowToken2Wav:
+    """CosyVoice2-0.5B's own token2wav: the front end's aligned prompt tokens, mel and x-vector, flow + HiFT."""
+
+    def __init__(self, frontend: CosyVoice2Frontend, token2wav: Token2Wav) -> None:
+        self.frontend = frontend
+        self.token2wav = token2wav
+
+    def voice(self, wav_16k: np.ndarray) -> PromptFeatures:
+        return self.frontend(wav_16k)
+
+    def vocode(self, tokens: list[int], voice: PromptFeatures) -> np.ndarray:
+        audio = self.token2wav.offline(
+            torch.tensor([tokens], dtype=torch.int32),
+            torch.from_numpy(voice.speech_tokens[None]),
+            torch.from_numpy(voice.speech_feat[None]),
+            torch.from_numpy(voice.spk_embedding[None]),
+        )
+        return audio[0].float().cpu().numpy()
+
+    def forget_voices(self) -> None:
+        pass
+
+
+def id_backend(generate: Generate) -> SpeechGenerate:
+    """An in-process backend, fed each prompt's ids."""
+
+    def run(prompts: list[SpeechPrompt], forced: list[int | None]) -> list[list[int]]:
+        return generate([p.ids for p in prompts], forced)
+
+    return run
+
+
 class CosyVoice2Pipeline:
     names = NAMES
     sample_rate = SAMPLE_RATE
@@ -76,14 +141,12 @@ class CosyVoice2Pipeline:
 
     def __init__(
         self,
-        frontend: CosyVoice2Frontend,
         prompter: CosyVoice2Prompt,
-        generate: Generate,
-        token2wav: Token2Wav,
+        generate: SpeechGenerate,
+        token2wav: Token2WavStrategy,
         device: torch.device,
-        max_seq_len: int,
+        max_seq_len: int | None,
     ) -> None:
-        self.frontend = frontend
         self.prompter = prompter
         self.generate = generate
         self.token2wav = token2wav
@@ -98,32 +161,28 @@ class CosyVoice2Pipeline:
     def speech_token_count(self, generated: list[int]) -> int:
         return len(self.speech_tokens(generated))
 
-    def _vocode(self, tokens: list[int], voice: PromptFeatures) -> np.ndarray:
-        audio = self.token2wav.offline(
-            torch.tensor([tokens], dtype=torch.int32),
-            torch.from_numpy(voice.speech_tokens[None]),
-            torch.from_numpy(voice.speech_feat[None]),
-            torch.from_numpy(voice.spk_embedding[None]),
-        )
-        return audio[0].float().cpu().numpy()
+    def after_warmup(self) -> None:
+        self.token2wav.forget_voices()
+
+    def _prompt(self, row: Utterance, voice: Any) -> SpeechPrompt:
+        tokens = np.asarray(voice.speech_tokens, dtype=np.int32)
+        ids = self.prompter.input_ids(row.prompt_text, row.target_text, tokens)
+        return SpeechPrompt(row.prompt_text, row.target_text, tokens, np.asarray(ids, dtype=np.int32))
 
     def run_batch(
         self, rows: Sequence[Utterance], wavs: Sequence[np.ndarray], forced: Sequence[int | None]
     ) -> tuple[list[np.ndarray], list[list[int]], StageTimes]:
         synchronize(self.device)
         start = time.perf_counter()
-        voices, frontend_s = timed(self.device, lambda: [self.frontend(w) for w in wavs])
-        prompts = [
-            np.asarray(self.prompter.input_ids(u.prompt_text, u.target_text, v.speech_tokens), dtype=np.int32)
-            for u, v in zip(rows, voices, strict=True)
-        ]
+        voices, frontend_s = timed(self.device, lambda: [self.token2wav.voice(w) for w in wavs])
+        prompts = [self._prompt(u, v) for u, v in zip(rows, voices, strict=True)]
         generated, llm_s = timed(self.device, self.generate, prompts, list(forced))
         speech = [self.speech_tokens(ids) for ids in generated]
         audio = [np.zeros(0, dtype=np.float32) for _ in rows]
         token2wav_s = 0.0
         for i, tokens in enumerate(speech):
             if tokens:
-                audio[i], seconds = timed(self.device, self._vocode, tokens, voices[i])
+                audio[i], seconds = timed(self.device, self.token2wav.vocode, tokens, voices[i])
                 token2wav_s += seconds
         synchronize(self.device)
         times = StageTimes(
@@ -153,33 +212,65 @@ def decoding_of(prompter: CosyVoice2Prompt) -> Decoding:
     )
 
 
+def require_folders(root: Path, folders: Sequence[str], writer: str) -> None:
+    missing = [name for name in folders if not (root / name).is_dir()]
+    if missing:
+        listed = ", ".join(f"{name}/" for name in folders)
+        raise FileNotFoundError(f"{root / missing[0]} not found: --model-dir must hold {listed} ({writer})")
+
+
+@dataclass(frozen=True)
+class LLMSide:
+    """The LLM half of either CosyVoice2 pipeline, and what the report says about it."""
+
+    prompter: CosyVoice2Prompt
+    generate: SpeechGenerate
+    max_seq_len: int | None
+    report: dict
+
+
+def llm_side(settings: OfflineSettings, rows: Sequence[Utterance], device: torch.device) -> LLMSide:
+    """The backend: in process on `cosyvoice2_llm/`, or the chat endpoint (its tokenizer still read here);
+    an unreachable endpoint fails here, before token2wav loads."""
+    llm_dir = Path(settings.model_dir) / LLM_DIR
+    prompter = CosyVoice2Prompt.from_llm_dir(llm_dir)
+    decoding = decoding_of(prompter)
+    max_new_tokens = settings.max_new_tokens or MAX_NEW_TOKENS
+    if settings.backend == "openai":
+        backend = ChatSpeechBackend(
+            settings.llm_endpoint or "",
+            settings.llm_model,
+            decoding,
+            max_new_tokens,
+            settings.seed,
+            prompter.ids.speech_base,
+            max(settings.batch_sizes),
+        )
+        backend.check_reachable()
+        report = {"dtype": None, "llm_endpoint": backend.url, "llm_model": settings.llm_model}
+        return LLMSide(prompter, backend, None, report)
+    dtype = resolve_dtype(settings.dtype, device, llm_dir)
+    forced = forced_token_counts(rows, settings.realistic_lengths, TOKEN_RATE)
+    most = max((n for n in forced if n is not None), default=max_new_tokens)
+    max_seq_len = settings.max_seq_len or plan_max_seq_len(rows, prompter, most)
+    generate = llm_backend(settings, llm_dir, decoding, device, dtype, max_seq_len, max_new_tokens)
+    report = {"dtype": str(dtype).removeprefix("torch.")}
+    return LLMSide(prompter, id_backend(generate), max_seq_len, report)
+
+
 def create_pipeline(
     settings: OfflineSettings, rows: Sequence[Utterance], device: torch.device
 ) -> tuple[CosyVoice2Pipeline, int, dict]:
     """The pipeline, the rate its reference audio is read at, and what the report says about its dtypes."""
     root = Path(settings.model_dir)
-    llm_dir, model_dir = root / LLM_DIR, root / MODEL_DIR
-    for folder in (llm_dir, model_dir):
-        if not folder.is_dir():
-            raise FileNotFoundError(
-                f"{folder} not found: --model-dir must hold {MODEL_DIR}/ and {LLM_DIR}/ (run.sh stage 0 writes both)"
-            )
-    dtype = resolve_dtype(settings.dtype, device, llm_dir)
+    require_folders(root, (MODEL_DIR, LLM_DIR), "run.sh stage 0 writes both")
+    llm = llm_side(settings, rows, device)
     flow_dtype = resolve_token2wav_dtype(settings.token2wav_dtype, device)
-    prompter = CosyVoice2Prompt.from_llm_dir(llm_dir)
-    max_new_tokens = settings.max_new_tokens or MAX_NEW_TOKENS
-    forced = forced_token_counts(rows, settings.realistic_lengths, TOKEN_RATE)
-    most = max((n for n in forced if n is not None), default=max_new_tokens)
-    max_seq_len = settings.max_seq_len or plan_max_seq_len(rows, prompter, most)
+    model_dir = root / MODEL_DIR
     frontend = CosyVoice2Frontend.from_model_dir(model_dir, tokenizer_device=frontend_device(device))
-    token2wav = Token2Wav.from_model_dir(model_dir, device, flow_dtype, seed=settings.seed)
-    generate = llm_backend(
-        settings, llm_dir, decoding_of(prompter), device, dtype, max_seq_len, max_new_tokens
+    token2wav = FlowToken2Wav(
+        frontend, Token2Wav.from_model_dir(model_dir, device, flow_dtype, seed=settings.seed)
     )
-    extra = {
-        "dtype": str(dtype).removeprefix("torch."),
-        "token2wav_dtype": str(flow_dtype).removeprefix("torch."),
-        "hift_dtype": "float32",
-    }
-    pipeline = CosyVoice2Pipeline(frontend, prompter, generate, token2wav, device, max_seq_len)
-    return pipeline, INPUT_SAMPLE_RATE, extra
+    extra = {"token2wav_dtype": str(flow_dtype).removeprefix("torch."), "hift_dtype": "float32"}
+    pipeline = CosyVoice2Pipeline(llm.prompter, llm.generate, token2wav, device, llm.max_seq_len)
+    return pipeline, INPUT_SAMPLE_RATE, {**llm.report, **extra}
