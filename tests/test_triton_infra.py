@@ -225,6 +225,20 @@ def test_private_backend_tree(tmp_path):
     assert prepare_pytriton_bundle(pytriton_bundle_dir(), cache_dir=tmp_path, in_place=False) == install
 
 
+def test_a_stub_named_by_the_environment_replaces_the_wheels(tmp_path, monkeypatch):
+    from tritontts.triton.bundle import STUB_ENV
+
+    shipped = pytriton_bundle_dir() / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}"
+    custom = tmp_path / "stub_r24.12"
+    custom.write_bytes((shipped / STUB_NAME).read_bytes() + b"\0")  # trailing bytes: still the same program
+    monkeypatch.setenv(STUB_ENV, str(custom))
+    install = prepare_pytriton_bundle(pytriton_bundle_dir(), cache_dir=tmp_path, in_place=False)
+    assert (install.backend_dir / "python" / STUB_NAME).read_bytes() == custom.read_bytes()
+    monkeypatch.setenv(STUB_ENV, str(tmp_path / "missing"))
+    with pytest.raises(bundle.TritonNotFoundError, match=STUB_ENV):
+        prepare_pytriton_bundle(pytriton_bundle_dir(), cache_dir=tmp_path, in_place=False)
+
+
 # --- the session server --------------------------------------------------------------------------------------
 
 

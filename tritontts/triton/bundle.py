@@ -1,8 +1,8 @@
 """Finding a `tritonserver` to run: the one on PATH (NVIDIA's containers) or the one in the nvidia-pytriton wheel.
 
 The wheel ships the server, its python backend and one `triton_python_backend_stub` per CPython version. The
-stub that matches this interpreter is copied next to the backend (in place, or into a private tree under a
-cache dir when site-packages is read-only).
+stub that matches this interpreter (or the file `$TRITONTTS_PYTHON_STUB` names) is copied next to the backend
+(in place, or into a private tree under a cache dir when site-packages is read-only).
 
 The stub embeds CPython without naming a program, so CPython looks for `python3` on PATH and derives
 `sys.prefix` from it (a `pyvenv.cfg` next to it makes that prefix the venv). Putting this interpreter's bin dir
@@ -28,6 +28,8 @@ from pathlib import Path
 
 CONTAINER_BINARY = Path("/opt/tritonserver/bin/tritonserver")
 STUB_NAME = "triton_python_backend_stub"
+STUB_ENV = "TRITONTTS_PYTHON_STUB"
+"""A stub to use instead of the wheel's (one built from a newer python_backend for this Python)."""
 SYSTEM_LIB_DIRS = ("/usr/lib", "/lib", "/usr/lib64", "/lib64")
 
 
@@ -94,7 +96,10 @@ def prepare_pytriton_bundle(
 ) -> TritonInstall:
     """Install the stub for this Python into the bundle (`in_place`, default: when writable) or a private tree."""
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    stub = bundle / "python_backend_stubs" / version / STUB_NAME
+    custom = os.environ.get(STUB_ENV)
+    if custom and not Path(custom).is_file():
+        raise TritonNotFoundError(f"{STUB_ENV}={custom}: no such file")
+    stub = Path(custom) if custom else bundle / "python_backend_stubs" / version / STUB_NAME
     if not stub.exists():
         shipped = sorted(p.name for p in (bundle / "python_backend_stubs").iterdir() if p.is_dir())
         raise TritonNotFoundError(
@@ -105,7 +110,9 @@ def prepare_pytriton_bundle(
     if in_place is None:
         in_place = os.access(backends / "python", os.W_OK)
     if not in_place:
-        backends = _private_backends(bundle, Path(cache_dir) if cache_dir else _default_cache_dir(), version)
+        backends = _private_backends(
+            bundle, Path(cache_dir) if cache_dir else _default_cache_dir(), version, stub
+        )
     _install_file(stub, backends / "python" / STUB_NAME)
     return TritonInstall(
         binary=bundle / "bin" / "tritonserver",
@@ -152,8 +159,8 @@ def _libpython_dirs(version: str, link_parent: Path) -> tuple[str, ...]:
     return ()
 
 
-def _private_backends(bundle: Path, cache_dir: Path, version: str) -> Path:
-    key = hashlib.sha256(str(bundle.resolve()).encode()).hexdigest()[:12]
+def _private_backends(bundle: Path, cache_dir: Path, version: str, stub: Path) -> Path:
+    key = hashlib.sha256(f"{bundle.resolve()}|{stub.resolve()}".encode()).hexdigest()[:12]
     backends = cache_dir / f"tritonserver-backends-py{version}-{key}"
     python_dir = backends / "python"
     python_dir.mkdir(parents=True, exist_ok=True)
