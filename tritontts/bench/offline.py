@@ -25,16 +25,16 @@ import torch
 
 from tritontts.bench.dataset import Utterance
 from tritontts.bench.durations import expected_tokens
+from tritontts.devices import DTYPES, resolve_device
 from tritontts.dsp.resample import resample
 from tritontts.llm.config import Qwen2Config
-from tritontts.spark.codec import resolve_device
 
 BACKENDS = ("torch", "hf", "trtllm", "openai")
 BACKEND_ALIASES = {"trtllm-serve": "openai"}
 CHAT_BACKEND_MODELS = ("cosyvoice2", "cosyvoice2_dit")
 """the models whose LLM prompt the `openai` backend can send as chat messages"""
 MODELS = ("spark_tts", "cosyvoice2", "cosyvoice2_dit")
-TOKEN2WAV_DTYPES = ("auto", "float32", "float16", "bfloat16")
+TOKEN2WAV_DTYPES = ("auto", *DTYPES)
 WARMUP_NOTE = (
     "before the measured pass of each batch size, its first batch is run once as a warm-up (CUDA graph "
     "capture, compilation, first-call costs); the warm-up is timed separately under `warmup` and excluded "

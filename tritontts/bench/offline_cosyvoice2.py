@@ -24,7 +24,6 @@ import torch
 
 from tritontts.bench.dataset import Utterance
 from tritontts.bench.offline import (
-    TOKEN2WAV_DTYPES,
     Decoding,
     Generate,
     OfflineSettings,
@@ -41,20 +40,12 @@ from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, CosyVoice2Frontend,
 from tritontts.cosyvoice2.layout import LLM_DIR, MODEL_DIR
 from tritontts.cosyvoice2.prompt import UPSTREAM_DECODING, CosyVoice2Prompt
 from tritontts.cosyvoice2.token2wav import Token2Wav
+from tritontts.devices import resolve_flow_dtype
 
 NAMES = StageNames(front="frontend", back="token2wav", speech_tokens="speech_tokens")
 SAMPLE_RATE = 24000
 TOKEN_RATE = 25
 MAX_NEW_TOKENS = UPSTREAM_DECODING.max_tokens
-
-
-def resolve_token2wav_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: float16 on CUDA (upstream runs the flow in fp16), float32 on CPU."""
-    if name not in TOKEN2WAV_DTYPES:
-        raise ValueError(f"token2wav dtype must be one of {TOKEN2WAV_DTYPES}, got {name!r}")
-    if name == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def frontend_device(device: torch.device) -> str:
@@ -265,7 +256,7 @@ def create_pipeline(
     root = Path(settings.model_dir)
     require_folders(root, (MODEL_DIR, LLM_DIR), "run.sh stage 0 writes both")
     llm = llm_side(settings, rows, device)
-    flow_dtype = resolve_token2wav_dtype(settings.token2wav_dtype, device)
+    flow_dtype = resolve_flow_dtype(settings.token2wav_dtype, device)
     model_dir = root / MODEL_DIR
     frontend = CosyVoice2Frontend.from_model_dir(model_dir, tokenizer_device=frontend_device(device))
     token2wav = FlowToken2Wav(

@@ -23,10 +23,10 @@ from tritontts.bench.offline_cosyvoice2 import (
     frontend_device,
     llm_side,
     require_folders,
-    resolve_token2wav_dtype,
 )
 from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, SPEECH_TOKENIZER_FILE, SpeechTokenizer
 from tritontts.cosyvoice2.layout import LLM_DIR, MODEL_DIR
+from tritontts.devices import resolve_flow_dtype
 from tritontts.dit_token2wav.layout import TOKEN2WAV_DIR
 from tritontts.dit_token2wav.token2wav import SPEAKER_CACHE_SIZE, DiTSpeaker, DiTToken2Wav
 from tritontts.voice_cache import VoiceCache, audio_key
@@ -83,7 +83,7 @@ def create_pipeline(
         "scripts/download_model.py --model cosyvoice2_dit writes all three",
     )
     llm = llm_side(settings, rows, device)
-    flow_dtype = resolve_token2wav_dtype(settings.token2wav_dtype, device)
+    flow_dtype = resolve_flow_dtype(settings.token2wav_dtype, device)
     tokenizer = SpeechTokenizer(root / MODEL_DIR / SPEECH_TOKENIZER_FILE, frontend_device(device))
     # The strategy keeps the speakers itself, so that the warm-up's can be forgotten.
     dit = DiTToken2Wav.from_model_dir(

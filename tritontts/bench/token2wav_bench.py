@@ -28,12 +28,11 @@ import torch
 from tritontts.bench.dataset import Utterance
 from tritontts.bench.durations import expected_tokens
 from tritontts.bench.offline import device_name, synchronize, timed, to_rate
-from tritontts.bench.offline_cosyvoice2 import resolve_token2wav_dtype
 from tritontts.bench.report import markdown_table as latency_table
 from tritontts.bench.stats import BenchmarkRun, LatencyStats, RequestRecord
 from tritontts.bench.token2wav_models import SAMPLE_RATE, Token2WavModel, load_model
 from tritontts.cosyvoice2.token2wav import StreamSchedule
-from tritontts.dit_token2wav.token2wav import resolve_device
+from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.voice_cache import audio_key
 
 MODES = ("offline", "streaming")
@@ -284,7 +283,7 @@ def run_benchmark(settings: BenchSettings, rows: Sequence[Utterance], log_dir: P
         raise ValueError(f"warmup must be >= 0, got {settings.warmup}")
     schedule = settings.schedule()
     device = resolve_device(settings.device)
-    dtype = resolve_token2wav_dtype(settings.dtype, device)
+    dtype = resolve_flow_dtype(settings.dtype, device)
     model = load_model(settings.model, settings.model_dir, device, dtype, settings.seed)
     if "streaming" in settings.modes and model.pre_lookahead_len != settings.pre_lookahead_len:
         raise ValueError(

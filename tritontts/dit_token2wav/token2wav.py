@@ -39,6 +39,7 @@ from tritontts.cosyvoice2.frontend import (
 )
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift, official_key
 from tritontts.cosyvoice2.token2wav import fade_in_out
+from tritontts.devices import resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, load_dit_flow
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
@@ -49,34 +50,10 @@ SAMPLE_RATE = 24000
 MEL_CACHE_FRAMES = 8
 ESTIMATOR_CACHE_TAIL = 100
 SPEAKER_CACHE_SIZE = 8
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _HIFT_BASE_KEY = "conv_pre.parametrizations.weight.original1"
 _HIFT_F0_KEY = "f0_predictor.classifier.weight"
 
 __all__ = ["CAMPPLUS_FILE", "FLOW_YAML", "HIFT_FILE", "SPEECH_TOKENIZER_FILE", "DiTSpeaker", "DiTToken2Wav"]
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """`auto` is the GPU when torch sees one, else the CPU."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        resolved = None
-    if resolved is None or resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {str(device)!r}")
-    return resolved
-
-
-def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        return DTYPES[dtype]
-    if dtype not in DTYPES.values():
-        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    return dtype
 
 
 def hift_config_of(path: str | Path) -> HiFTConfig:

@@ -8,17 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tritontts.devices import resolve_device
 from tritontts.spark.audio import reference_clip, volume_normalize
 from tritontts.spark.bicodec import load_bicodec
 from tritontts.spark.config import SparkAudioConfig
 from tritontts.spark.service import VoiceTokens
 from tritontts.wav2vec2 import load_wav2vec2
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class SparkCodec:

@@ -11,14 +11,12 @@ import threading
 import torch
 import triton_python_backend_utils as pb_utils
 
+from tritontts.devices import DTYPES, resolve_device
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import FinishReason
 from tritontts.llm.triton_io import parse_llm_request, response_arrays
-from tritontts.spark.codec import resolve_device
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import error_response, model_param, optional_input
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def _response(tokens):

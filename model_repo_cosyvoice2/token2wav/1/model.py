@@ -6,17 +6,15 @@ by the request id (its HiFT caches stay here until the finalize call), else one 
 
 import json
 
-import torch
 import triton_python_backend_utils as pb_utils
 
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import Token2Wav
 from tritontts.cosyvoice2.wire import Token2WavInputs, parse_token2wav_inputs
-from tritontts.spark.codec import resolve_device
+from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import error_response, model_param, optional_input
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 INPUT_NAMES = (
     "target_speech_tokens",
     "prompt_speech_tokens",
@@ -33,12 +31,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         model_dir = model_param(config, "model_dir")
         device = resolve_device(model_param(config, "device", default="auto"))
-        dtype_name = model_param(config, "dtype", default="auto")
-        dtype = (
-            (torch.float16 if device.type == "cuda" else torch.float32)
-            if dtype_name == "auto"
-            else DTYPES[dtype_name]
-        )
+        dtype = resolve_flow_dtype(model_param(config, "dtype", default="auto"), device)
         self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
         self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))

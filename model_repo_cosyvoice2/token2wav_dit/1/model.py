@@ -6,11 +6,11 @@ cached by its content. With `finalize`, one call of a stream keyed by the reques
 
 import json
 
-import torch
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
-from tritontts.dit_token2wav.token2wav import DiTToken2Wav, resolve_device
+from tritontts.devices import resolve_device, resolve_flow_dtype
+from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import RequestError, error_response, model_param, optional_input
@@ -23,9 +23,7 @@ class TritonPythonModel:
         enable_stack_dumps()
         config = json.loads(args["model_config"])
         device = resolve_device(model_param(config, "device", default="auto"))
-        dtype = model_param(config, "dtype", default="auto")
-        if dtype == "auto":
-            dtype = torch.float16 if device.type == "cuda" else torch.float32
+        dtype = resolve_flow_dtype(model_param(config, "dtype", default="auto"), device)
         self.model = DiTToken2Wav.from_model_dir(model_param(config, "model_dir"), device=device, dtype=dtype)
         self.limits = AudioLimits(
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
