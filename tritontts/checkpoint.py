@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -81,3 +81,23 @@ def load_strict(
     if problems:
         raise CheckpointError(f"{source} does not match {type(module).__name__}: " + " | ".join(problems))
     module.load_state_dict(dict(given), strict=True)
+
+
+def build_and_load(
+    build: Callable[[], torch.nn.Module],
+    weights: str | Path,
+    device: str | torch.device = "cpu",
+    init_buffers: Callable[[torch.nn.Module], None] | None = None,
+) -> torch.nn.Module:
+    """`build()` on the meta device, made real on `device` (`init_buffers` fills what the file does not hold),
+    then `weights` (a plain state_dict of tensors) loaded strictly."""
+    state = read_state_dict(weights)
+    if any(not isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{weights} holds values that are not tensors")
+    with torch.device("meta"):
+        module = build()
+    module.to_empty(device=device)
+    if init_buffers is not None:
+        init_buffers(module)
+    load_strict(module, state, source=str(weights))
+    return module

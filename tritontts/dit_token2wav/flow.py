@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tritontts.checkpoint import CheckpointError, load_strict, read_state_dict
+from tritontts.checkpoint import build_and_load
 from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
 from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
 from tritontts.dit_token2wav.dit import DiT
@@ -170,13 +170,7 @@ def load_dit_flow(
     """`flow.yaml` and `flow.pt` from a token2wav directory, loaded strictly; eval mode, in `dtype`."""
     model_dir = Path(model_dir)
     config = config or load_dit_flow_config(model_dir)
-    weights = model_dir / FLOW_FILE
-    state = read_state_dict(weights)
-    if any(not isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{weights} holds values that are not tensors")
-    with torch.device("meta"):
-        flow = DiTFlow(config)
-    flow.to_empty(device=device)
-    flow.decoder.reset_noise()
-    load_strict(flow, state, source=str(weights))
+    flow = build_and_load(
+        lambda: DiTFlow(config), model_dir / FLOW_FILE, device, lambda f: f.decoder.reset_noise()
+    )
     return flow.to(dtype=dtype).eval()

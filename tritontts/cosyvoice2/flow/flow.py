@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tritontts.checkpoint import CheckpointError, load_strict, read_state_dict
+from tritontts.checkpoint import build_and_load
 from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, load_cosyvoice2_config
 from tritontts.cosyvoice2.flow.cfm import CausalCFM
 from tritontts.cosyvoice2.flow.encoder import UpsampleConformerEncoder
@@ -112,12 +112,5 @@ def load_flow(
         config = config.flow
     if config is None:
         config = load_cosyvoice2_config(weights.parent).flow
-    state = read_state_dict(weights)
-    if any(not isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{weights} holds values that are not tensors")
-    with torch.device("meta"):
-        flow = Flow(config)
-    flow.to_empty(device=device)
-    flow.decoder.reset_noise()
-    load_strict(flow, state, source=str(weights))
+    flow = build_and_load(lambda: Flow(config), weights, device, lambda f: f.decoder.reset_noise())
     return flow.to(dtype=dtype).eval()
