@@ -59,11 +59,11 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"{_client_host(self.config.address)}:{self.config.http_port}"
+        return f"{client_host(self.config.address)}:{self.config.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{_client_host(self.config.address)}:{self.config.grpc_port}"
+        return f"{client_host(self.config.address)}:{self.config.grpc_port}"
 
     def command(self) -> list[str]:
         cfg = self.config
@@ -161,13 +161,18 @@ class TritonServer:
         self.stop()
 
 
-def is_ready(http_url: str, timeout: float = 2.0) -> bool:
+def answers_ok(url: str, timeout: float = 2.0) -> bool:
+    """Whether a GET of `url` (no proxy) answers 200 within `timeout`."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"http://{http_url}/v2/health/ready", timeout=timeout) as reply:
+        with opener.open(url, timeout=timeout) as reply:
             return reply.status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
+
+
+def is_ready(http_url: str, timeout: float = 2.0) -> bool:
+    return answers_ok(f"http://{http_url}/v2/health/ready", timeout)
 
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
@@ -261,5 +266,6 @@ def _remove_pid_file(pid_file: str | Path | None, pid: int | None) -> None:
         Path(pid_file).unlink(missing_ok=True)
 
 
-def _client_host(address: str) -> str:
+def client_host(address: str) -> str:
+    """Where a client on this machine reaches a server that listens on `address`."""
     return LOOPBACK if address in ("0.0.0.0", "") else address

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from pathlib import Path
 from tritontts.triton.bundle import TritonInstall, find_tritonserver
 from tritontts.triton.disaggregated.plan import Topology, describe
 from tritontts.triton.disaggregated.processes import ProcessRef, Spawned, spawn, stop
-from tritontts.triton.server import is_ready, log_tail
+from tritontts.triton.server import answers_ok, is_ready, log_tail
 
 STATE_VERSION = 1
 POLL_S = 0.3
@@ -34,12 +32,7 @@ class LaunchError(RuntimeError):
 
 
 def llm_healthy(url: str, timeout: float = 2.0) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"{url}/health", timeout=timeout) as reply:
-            return reply.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
+    return answers_ok(f"{url}/health", timeout)
 
 
 def read_state(state_file: Path) -> dict | None:

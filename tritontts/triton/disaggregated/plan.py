@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritontts.triton.bundle import TritonInstall
-from tritontts.triton.server import LOOPBACK, ServerConfig, TritonServer
+from tritontts.triton.server import LOOPBACK, ServerConfig, TritonServer, client_host
 
 LLM_BACKENDS = ("torch", "trtllm")
 LLM_DEVICES = ("auto", "cuda", "cpu")
@@ -39,11 +39,6 @@ def parse_gpus(text: str, option: str) -> tuple[str, ...]:
     if len(set(gpus)) != len(gpus):
         raise PlanError(f"{option} names a GPU twice: {text!r}")
     return gpus
-
-
-def client_host(address: str) -> str:
-    """Where a client on this machine reaches a server that listens on `address`."""
-    return LOOPBACK if address in ("0.0.0.0", "") else address
 
 
 @dataclass(frozen=True)
