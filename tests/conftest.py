@@ -160,3 +160,15 @@ def bench_data(tmp_path_factory, prompt_zh) -> Path:
     command = [sys.executable, str(script), "--output-dir", str(out), "--num-rows", "4", "--no-espeak"]
     subprocess.run([*command, "--prompt-wav", str(prompt_zh)], check=True, capture_output=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of tiny models (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): they gain
+    nothing from intra-op threads, and on a shared 2-core machine spinning OpenMP workers slow every op down."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

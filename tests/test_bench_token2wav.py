@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-import torch
 
 from tritontts.bench.dataset import Utterance, load_utterances, write_parquet
 from tritontts.bench.durations import expected_tokens
@@ -29,13 +28,7 @@ TARGET_LENGTHS = (24, 40, 70)
 STRATEGY = {"cosyvoice2": "fixed", "cosyvoice2_dit": "exponential"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a shared machine spinning workers slow them down."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _script():

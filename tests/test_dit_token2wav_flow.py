@@ -39,14 +39,7 @@ FLOW_ATOL = 2e-5
 HIFT_ATOL = 2e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models gain nothing from intra-op threads, and on a shared 2-core machine the spinning
-    OpenMP workers slow every op down many times over."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
