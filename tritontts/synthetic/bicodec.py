@@ -15,6 +15,7 @@ from tritontts.checkpoint import write_safetensors
 from tritontts.dsp.mel import MelSpectrogram
 from tritontts.spark.bicodec import BiCodec
 from tritontts.spark.config import BiCodecConfig
+from tritontts.synthetic.presets import preset_entry
 
 AUDIO_CONFIG: dict[str, Any] = {
     "sample_rate": 16000,
@@ -115,9 +116,7 @@ PRESETS = {"full": lambda: copy.deepcopy(FULL_CONFIG), "tiny": _tiny_config}
 
 
 def preset_config(preset: str) -> BiCodecConfig:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
-    return BiCodecConfig.from_dict(PRESETS[preset]())
+    return BiCodecConfig.from_dict(preset_entry(PRESETS, preset)())
 
 
 def full_state_shapes() -> dict[str, tuple[int, ...]]:
@@ -194,9 +193,7 @@ def random_state_dict(cfg: BiCodecConfig, seed: int = 0) -> dict[str, torch.Tens
 def write_bicodec(model_dir: str | Path, preset: str = "tiny", seed: int = 0) -> None:
     """Write `config.yaml`, `BiCodec/config.yaml` and `BiCodec/model.safetensors` under `model_dir`."""
     model_dir = Path(model_dir)
-    raw = PRESETS[preset]() if preset in PRESETS else None
-    if raw is None:
-        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+    raw = preset_entry(PRESETS, preset)()
     (model_dir / "BiCodec").mkdir(parents=True, exist_ok=True)
     (model_dir / "config.yaml").write_text(yaml.safe_dump(AUDIO_CONFIG, sort_keys=False))
     (model_dir / "BiCodec" / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -12,6 +12,7 @@ import torch
 
 from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, cosyvoice2_config_from_text
 from tritontts.cosyvoice2.flow import FLOW_FILE, Flow
+from tritontts.synthetic.presets import preset_entry
 
 CONFIG_FILE = "cosyvoice2.yaml"
 
@@ -286,15 +287,9 @@ train_conf_gan:
 """
 
 
-def _check_preset(preset: str) -> None:
-    if preset not in PRESET_VALUES:
-        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESET_VALUES)}")
-
-
 def cosyvoice2_yaml(preset: str) -> str:
     """`cosyvoice2.yaml` text in the hub's format for `preset` (`full` = reference values)."""
-    _check_preset(preset)
-    return _TEMPLATE.format(**PRESET_VALUES[preset])
+    return _TEMPLATE.format(**preset_entry(PRESET_VALUES, preset))
 
 
 def preset_config(preset: str) -> CosyVoice2Config:
@@ -334,7 +329,7 @@ def random_flow_state_dict(config: FlowConfig, seed: int = 0) -> dict[str, torch
 
 def write_flow(model_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
     """Write `cosyvoice2.yaml` and `flow.pt` under `model_dir`; returns the path of `flow.pt`."""
-    _check_preset(preset)
+    preset_entry(PRESET_VALUES, preset)
     model_dir = Path(model_dir)
     write_cosyvoice2_yaml(model_dir, preset)
     state = random_flow_state_dict(preset_config(preset).flow, seed)

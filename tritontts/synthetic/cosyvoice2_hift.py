@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig
+from tritontts.synthetic.presets import preset_entry
 
 PRESETS: dict[str, HiFTConfig] = {
     "full": HiFTConfig(),
@@ -23,9 +24,7 @@ CONV_POST_GAIN = 0.1  # keeps exp(magnitude) small: speech-like levels instead o
 
 
 def preset_config(preset: str) -> HiFTConfig:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
-    return PRESETS[preset]
+    return preset_entry(PRESETS, preset)
 
 
 def meta_state_dict(preset: str = "full") -> dict[str, torch.Tensor]:

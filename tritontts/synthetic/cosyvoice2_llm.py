@@ -19,6 +19,7 @@ import torch
 
 from tritontts.cosyvoice2 import tokens as cv
 from tritontts.spark.tokens import AddedToken
+from tritontts.synthetic.presets import preset_entry
 from tritontts.synthetic.qwen2 import (
     DTYPE_NAMES,
     PRESETS,
@@ -49,9 +50,7 @@ LLM_SPECIAL = SpecialTokens(cv.TEXT_EOS_TOKEN, cv.TEXT_EOS_TOKEN, cv.COSYVOICE2_
 
 
 def _hidden(preset: str) -> int:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    return PRESETS[preset].hidden_size
+    return preset_entry(PRESETS, preset).hidden_size
 
 
 def qwen2lm_state_dict(preset: str = "tiny", seed: int = 0) -> dict[str, torch.Tensor]:

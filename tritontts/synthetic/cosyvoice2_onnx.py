@@ -34,6 +34,7 @@ from tritontts.cosyvoice2.frontend import (
     SPEECH_TOKENIZER_FILE,
     TOKENIZER_MELS,
 )
+from tritontts.synthetic.presets import preset_entry
 
 FSQ_DIGITS = 8
 FSQ_LEVELS = 3
@@ -53,9 +54,7 @@ PRESETS = {
 
 
 def _dims(preset: str) -> FrontendOnnxDims:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {tuple(PRESETS)}")
-    return PRESETS[preset]
+    return preset_entry(PRESETS, preset)
 
 
 class SyntheticSpeechTokenizer(nn.Module):

@@ -17,6 +17,7 @@ import torch
 from tritontts.dit_token2wav.config import DiTFlowConfig, dit_flow_config_from_text
 from tritontts.dit_token2wav.flow import FLOW_FILE, DiTFlow
 from tritontts.dit_token2wav.token2wav import CAMPPLUS_FILE, FLOW_YAML, HIFT_FILE, SPEECH_TOKENIZER_FILE
+from tritontts.synthetic.presets import preset_entry
 
 MARKER = "SYNTHETIC.json"
 FILES = (FLOW_YAML, FLOW_FILE, HIFT_FILE, CAMPPLUS_FILE, SPEECH_TOKENIZER_FILE)
@@ -86,15 +87,9 @@ flow: !new:cosyvoice2.flow.flow.CausalMaskedDiffWithXvec
 """
 
 
-def _check_preset(preset: str) -> None:
-    if preset not in PRESET_VALUES:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESET_VALUES)}")
-
-
 def flow_yaml(preset: str) -> str:
     """flow.yaml text in the hub's format for `preset`."""
-    _check_preset(preset)
-    return _TEMPLATE.format(**PRESET_VALUES[preset])
+    return _TEMPLATE.format(**preset_entry(PRESET_VALUES, preset))
 
 
 def preset_config(preset: str) -> DiTFlowConfig:
@@ -129,7 +124,7 @@ def random_flow_state_dict(config: DiTFlowConfig, seed: int = 0) -> dict[str, to
 
 def write_flow(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
     """flow.yaml and flow.pt into `out_dir`; returns flow.pt's path."""
-    _check_preset(preset)
+    preset_entry(PRESET_VALUES, preset)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / FLOW_YAML).write_text(flow_yaml(preset))
@@ -149,7 +144,7 @@ def is_complete(out_dir: str | Path, preset: str, seed: int) -> bool:
 
 def write_dit_token2wav(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
     """Write the five token2wav files (and SYNTHETIC.json) into `out_dir`; returns `out_dir`."""
-    _check_preset(preset)
+    preset_entry(PRESET_VALUES, preset)
     from tritontts.synthetic.cosyvoice2_hift import write_hift
     from tritontts.synthetic.cosyvoice2_onnx import write_campplus_onnx, write_speech_tokenizer_onnx
 

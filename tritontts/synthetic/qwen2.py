@@ -10,6 +10,7 @@ import torch
 
 from tritontts.checkpoint import write_safetensors
 from tritontts.spark import tokens as layout
+from tritontts.synthetic.presets import preset_entry
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,7 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float
 
 
 def _preset(preset: str, dtype: torch.dtype | None) -> Qwen2Preset:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    p = PRESETS[preset]
+    p = preset_entry(PRESETS, preset)
     return p if dtype is None else replace(p, dtype=dtype)
 
 
