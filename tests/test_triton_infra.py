@@ -29,7 +29,7 @@ def copy_stream_model(repo: Path, data_dir: Path) -> None:
     shutil.copytree(MODELS / "infra_stream", repo / "infra_stream")
 
 
-TRITON_MODELS = [MODELS / "infra_echo", copy_stream_model]
+TRITON_MODELS = [MODELS / "infra_echo", MODELS / "infra_fatal", copy_stream_model]
 TEXT = "héllo, wörld: 你好 ${not_a_placeholder}"
 
 needs_bundle = pytest.mark.skipif(pytriton_bundle_dir() is None, reason="nvidia-pytriton is not installed")
@@ -438,3 +438,25 @@ def test_cli_start_fails_on_missing_repo(tmp_path):
     )
     assert result.returncode == 1 and "model repository not found" in result.stderr
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.triton
+def test_a_stub_killed_by_a_fatal_signal_prints_its_stacks_to_the_server_log(triton):
+    import signal
+
+    triton.load("infra_fatal")
+    pattern = "triton_python_backend_stub.*infra_fatal"
+    session = str(triton.server.process.pid)
+    stubs = subprocess.run(
+        ["pgrep", "-s", session, "-f", pattern], capture_output=True, text=True
+    ).stdout.split()
+    assert stubs, "no python-backend stub of infra_fatal found"
+    log = Path(triton.server.config.log_file)
+    size = log.stat().st_size
+    os.kill(int(stubs[0]), signal.SIGSEGV)
+    for _ in range(50):
+        added = log.read_bytes()[size:].decode(errors="replace")
+        if "Fatal Python error: Segmentation fault" in added:
+            break
+        time.sleep(0.1)
+    assert "Fatal Python error: Segmentation fault" in added, added[-2000:]
