@@ -39,6 +39,8 @@ venv_dir=.venv                      # stage -1 outside the container
 torch_spec=torch                    # stage -1: what pip installs for torch (e.g. torch==2.13.0)
 torch_index=auto                    # stage -1: auto = PyTorch's CPU wheel index on machines without nvidia-smi
 python=""                           # default: $venv_dir/bin/python if it exists, else python3
+python_stub=auto                    # bundled tritonserver only: its python-backend stub; auto: $exp_dir/python_stub/'s when built, else the wheel's
+build_python_stub=false             # stage -1: build python_backend r24.12's stub for this Python (GPU hosts: the wheel's crashes; see README)
 
 # LLM
 llm_dtype=auto                      # torch engine: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32
@@ -166,6 +168,7 @@ case "$model" in spark_tts|cosyvoice2|cosyvoice2_dit) ;; *) echo "run.sh: --mode
 case "$dynamic_chunk_strategy" in exponential|fixed) ;; *) echo "run.sh: --dynamic_chunk_strategy must be exponential or fixed" >&2; exit 2 ;; esac
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
+case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
 if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ]; then
   echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2" >&2; exit 2
 fi
@@ -193,6 +196,12 @@ disagg_log_dir=${log_dir:-$model_home/log_disagg_${mode}_tasks_${tasks_label//,/
 [ -n "$log_dir" ] || log_dir=$model_home/log_${mode}_tasks_${num_tasks}
 [ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
 [ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
+built_stub=$exp_dir/python_stub/triton_python_backend_stub
+if [ "$python_stub" = auto ]; then
+  python_stub=""
+  [ ! -f "$built_stub" ] || python_stub=$built_stub
+fi
+[ -z "$python_stub" ] || export TRITONTTS_PYTHON_STUB=$(realpath -m "$python_stub")
 if [ "$model" = cosyvoice2 ] || [ "$model" = cosyvoice2_dit ]; then
   llm_subdir=cosyvoice2_llm            # the LLM as a Hugging Face Qwen2 (yuekai/cosyvoice2_llm)
   token2wav_subdir=CosyVoice2-0.5B     # front end, flow, HiFT, spk2info.pt (iic/CosyVoice2-0.5B)
@@ -304,6 +313,10 @@ if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
     fi
     "$python" -m pip install -r requirements.txt "nvidia-pytriton==0.7.0"
     "$python" -m pip install --no-deps -e .
+    if [ "$build_python_stub" = true ]; then
+      "$python" scripts/build_python_stub.py --output "$built_stub" --work-dir "$exp_dir/python_stub/work"
+      export TRITONTTS_PYTHON_STUB=$(realpath -m "$built_stub")
+    fi
     "$python" scripts/triton_server.py prepare
   fi
 fi

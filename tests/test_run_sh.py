@@ -349,3 +349,23 @@ def test_stage_7_with_trtllm_says_where_trtllm_serve_runs(cosyvoice2_exp):
         "none",
     )
     assert not (cosyvoice2_exp / "cosyvoice2" / "disagg" / "state.json").exists()
+
+
+def test_a_python_stub_that_is_not_there_stops_stage_3_naming_it(tmp_path):
+    if shutil.which("tritonserver"):
+        pytest.skip(
+            "a tritonserver on PATH is used as it is: --python_stub is for the nvidia-pytriton bundle"
+        )
+    (tmp_path / "repo").mkdir()
+    missing = tmp_path / "python_stub" / "nope"
+    args = ("3", "3", "--python_stub", str(missing), "--model_repo", str(tmp_path / "repo"))
+    done = run_sh(*args, exp=tmp_path, ports=free_ports(3), timeout=60)
+    assert done.returncode == 1
+    assert f"TRITONTTS_PYTHON_STUB={missing}: no such file" in done.stderr
+
+
+def test_build_python_stub_takes_true_or_false():
+    done = subprocess.run(
+        ["bash", "run.sh", "-1", "-1", "--build_python_stub", "yes"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--build_python_stub must be true or false" in done.stderr

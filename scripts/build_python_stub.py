@@ -1,0 +1,77 @@
+"""Build `triton_python_backend_stub` from python_backend r24.12 (or --tag) for this Python.
+
+The tritonserver bundled in nvidia-pytriton 0.7.0 (2.51, python backend r24.10) has a stub that frees numpy
+arrays without the GIL; on GPUs it crashed BLS stubs under load. Build the fixed stub once per machine/Python:
+
+    python scripts/build_python_stub.py --output exp/python_stub/triton_python_backend_stub --gpu auto
+    export TRITONTTS_PYTHON_STUB=$PWD/exp/python_stub/triton_python_backend_stub   # or run.sh --python_stub
+
+Needs cmake, a C++ compiler, git (unless --sources), the boost headers (libboost-dev), rapidjson-dev,
+libarchive-dev, zlib, this Python's headers and shared library, and for --gpu on a CUDA toolkit with nvcc.
+NVIDIA's tritonserver containers (Dockerfile.server) already have a fixed python backend: no build needed there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from tritontts.triton.bundle import pytriton_bundle_dir
+from tritontts.triton.stub_build import StubBuild, StubBuildError, build
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--output", type=Path, default=Path("exp/python_stub") / "triton_python_backend_stub")
+    parser.add_argument(
+        "--work-dir", type=Path, default=Path("exp/python_stub/work"), help="clones and build tree"
+    )
+    parser.add_argument("--tag", default="r24.12", help="python_backend, common, core and backend release")
+    parser.add_argument("--python", default=sys.executable, help="the Python the stub embeds")
+    parser.add_argument(
+        "--gpu", choices=("auto", "on", "off"), default="auto", help="auto: on when nvcc is found"
+    )
+    parser.add_argument(
+        "--sources", type=Path, default=None, help="a folder of checkouts instead of git clone"
+    )
+    parser.add_argument("--boost-include", type=Path, default=Path("/usr/include"))
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, build nothing")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    gpu = shutil.which("nvcc") is not None if args.gpu == "auto" else args.gpu == "on"
+    options = {"jobs": args.jobs} if args.jobs else {}
+    plan = StubBuild(
+        work_dir=args.work_dir.resolve(),
+        tag=args.tag,
+        python=args.python,
+        gpu=gpu,
+        sources=args.sources.resolve() if args.sources else None,
+        boost_include=args.boost_include,
+        **options,
+    )
+    if args.dry_run:
+        for command in [*plan.clone_commands(), plan.cmake_command(), plan.make_command()]:
+            print(" ".join(command))
+        return 0
+    bundle = pytriton_bundle_dir()
+    bundle_libs = bundle.parent.parent / "nvidia_pytriton.libs" if bundle else None
+    try:
+        stub = build(plan, args.output.resolve(), bundle_libs=bundle_libs)
+    except StubBuildError as error:
+        print(f"build_python_stub: {error}", file=sys.stderr)
+        return 2
+    print(f"built {stub} (python_backend {args.tag}, GPU {'on' if gpu else 'off'}, {args.python})")
+    print(f"use it: export TRITONTTS_PYTHON_STUB={stub}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Building `triton_python_backend_stub` from a newer python_backend release, for the bundled tritonserver.
+
+The nvidia-pytriton 0.7.0 wheel bundles tritonserver 2.51, whose python backend (r24.10) frees a tensor's numpy
+array without holding the GIL (`PbTensor::~PbTensor`); on a GPU machine this crashed our BLS stubs under load.
+python_backend r24.12 fixes it in the stub alone, and its stub speaks the same shared-memory protocol as the
+2.51 server. This builds that stub for one Python: sources from git (or a folder of checkouts), boost headers
+from the system instead of upstream's boost download, common's unit tests left out (they need googletest), and
+CMake's `FETCHCONTENT_SOURCE_DIR_*` pointing at the checkouts, so the build itself downloads nothing.
+`TRITONTTS_PYTHON_STUB=<output>` then makes `tritontts.triton.bundle` install it into the bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STUB_NAME = "triton_python_backend_stub"
+TRITON_ORG = "https://github.com/triton-inference-server"
+# name -> (repository, tag; None: the python_backend tag)
+SOURCES: dict[str, tuple[str, str | None]] = {
+    "python_backend": (f"{TRITON_ORG}/python_backend.git", None),
+    "common": (f"{TRITON_ORG}/common.git", None),
+    "core": (f"{TRITON_ORG}/core.git", None),
+    "backend": (f"{TRITON_ORG}/backend.git", None),
+    "pybind11": ("https://github.com/pybind/pybind11.git", "v2.12.0"),
+    "dlpack": ("https://github.com/dmlc/dlpack.git", "v0.8"),
+}
+FETCHCONTENT_NAMES = {
+    "common": "REPO-COMMON",
+    "core": "REPO-CORE",
+    "backend": "REPO-BACKEND",
+    "pybind11": "PYBIND11",
+    "dlpack": "DLPACK",
+}
+PATCHED = ("python_backend", "common", "backend")
+BOOST_DOWNLOAD = re.compile(r"ExternalProject_Add\(\s*boostorg\b.*?\n\)\n", re.S)
+COMMON_TESTS = re.compile(r"^add_subdirectory\(test\)$", re.M)
+KERNEL_ARCHS = re.compile(r'(kernel_library_new PROPERTIES CUDA_ARCHITECTURES )"[^"]*"')
+
+
+class StubBuildError(RuntimeError):
+    """The stub cannot be built as asked."""
+
+
+@dataclass(frozen=True)
+class StubBuild:
+    work_dir: Path
+    tag: str = "r24.12"
+    python: str = sys.executable
+    gpu: bool = False
+    sources: Path | None = None  # checkouts of SOURCES' names; None: git clone them into work_dir/src
+    boost_include: Path = Path("/usr/include")
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    @property
+    def source_root(self) -> Path:
+        return self.sources if self.sources is not None else self.work_dir / "src"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.work_dir / "build"
+
+    def tree(self, name: str) -> Path:
+        """Where CMake reads `name` from: our patched copy for the three we edit, else the checkout."""
+        return self.work_dir / name if name in PATCHED else self.source_root / name
+
+    def clone_commands(self) -> list[list[str]]:
+        if self.sources is not None:
+            return []
+        clone = ["git", "clone", "--depth", "1", "--branch"]
+        return [
+            [*clone, tag or self.tag, url, str(self.source_root / name)]
+            for name, (url, tag) in SOURCES.items()
+            if not (self.source_root / name).is_dir()
+        ]
+
+    def cmake_command(self) -> list[str]:
+        command = [
+            "cmake",
+            "-S",
+            str(self.tree("python_backend")),
+            "-B",
+            str(self.build_dir),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DTRITON_ENABLE_GPU={'ON' if self.gpu else 'OFF'}",
+            f"-DPYTHON_EXECUTABLE={self.python}",
+            "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+        ]
+        for name, cmake_name in FETCHCONTENT_NAMES.items():
+            command.append(f"-DFETCHCONTENT_SOURCE_DIR_{cmake_name}={self.tree(name)}")
+        return command
+
+    def make_command(self) -> list[str]:
+        target = "triton-python-backend-stub"
+        return ["cmake", "--build", str(self.build_dir), "--target", target, "-j", str(self.jobs)]
+
+    def check(self) -> None:
+        if not (self.boost_include / "boost" / "version.hpp").is_file():
+            raise StubBuildError(
+                f"no boost headers in {self.boost_include} (apt install libboost-dev, or pass --boost-include)"
+            )
+        tools = (
+            ["cmake", "c++"] + ([] if self.sources is not None else ["git"]) + (["nvcc"] if self.gpu else [])
+        )
+        for tool in tools:
+            if shutil.which(tool) is None:
+                raise StubBuildError(f"{tool} is not on PATH; the stub build needs it")
+        if self.sources is not None:
+            missing = [name for name in SOURCES if not (self.sources / name).is_dir()]
+            if missing:
+                raise StubBuildError(f"--sources {self.sources} lacks {', '.join(missing)}")
+
+
+def prepare_trees(plan: StubBuild) -> None:
+    """Copies of python_backend, common and backend with our CMake edits (the checkouts stay as fetched)."""
+    for name in PATCHED:
+        target = plan.tree(name)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(plan.source_root / name, target, ignore=shutil.ignore_patterns(".git"))
+    _edit(
+        plan.tree("python_backend") / "CMakeLists.txt",
+        BOOST_DOWNLOAD,
+        f'add_custom_target(boostorg)\nset(boostorg_INCLUDE_DIRS "{plan.boost_include}")\n',
+        "the ExternalProject_Add(boostorg ...) block",
+    )
+    _edit(
+        plan.tree("common") / "src" / "CMakeLists.txt",
+        COMMON_TESTS,
+        "# add_subdirectory(test)",
+        "add_subdirectory(test)",
+        required=False,
+    )
+    # The stub never runs backend's CUDA kernels: build them for one arch every nvcc from 11 to 13 knows.
+    _edit(
+        plan.tree("backend") / "CMakeLists.txt",
+        KERNEL_ARCHS,
+        r'\1"80-real"',
+        "the kernel library's CUDA_ARCHITECTURES",
+    )
+
+
+def _edit(path: Path, pattern: re.Pattern, replacement: str, what: str, required: bool = True) -> None:
+    text, count = pattern.subn(replacement, path.read_text())
+    if count > 1 or (required and count == 0):
+        raise StubBuildError(
+            f"{path}: expected one {what}, found {count}; is this python_backend release supported?"
+        )
+    path.write_text(text)
+
+
+def link_bundled_cudart(stub: Path, libs_dir: Path) -> str | None:
+    """Point a GPU stub's `libcudart.so.12` at the wheel's own copy; returns the library it now needs."""
+    needed = subprocess.run(
+        ["patchelf", "--print-needed", str(stub)], check=True, capture_output=True, text=True
+    )
+    if "libcudart.so.12" not in needed.stdout.split():
+        return None
+    bundled = sorted(libs_dir.glob("libcudart-*.so.12*"))
+    if not bundled:
+        return None
+    subprocess.run(
+        ["patchelf", "--replace-needed", "libcudart.so.12", bundled[0].name, str(stub)], check=True
+    )
+    subprocess.run(["patchelf", "--remove-rpath", str(stub)], check=True)
+    return bundled[0].name
+
+
+def build(plan: StubBuild, output: Path, bundle_libs: Path | None = None, log=print) -> Path:
+    plan.check()
+    plan.work_dir.mkdir(parents=True, exist_ok=True)
+    for command in plan.clone_commands():
+        log(" ".join(command))
+        subprocess.run(command, check=True)
+    prepare_trees(plan)
+    for command in (plan.cmake_command(), plan.make_command()):
+        log(" ".join(command))
+        subprocess.run(command, check=True)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(plan.build_dir / STUB_NAME, output)
+    if plan.gpu and bundle_libs is not None:
+        linked = link_bundled_cudart(output, bundle_libs)
+        if linked:
+            log(f"{output}: libcudart.so.12 -> {linked} (the nvidia-pytriton wheel's copy)")
+    return output
