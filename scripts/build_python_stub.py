@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tritontts.triton.bundle import pytriton_bundle_dir
+from tritontts.triton.bundle import bundle_libs_dir, pytriton_bundle_dir
 from tritontts.triton.stub_build import StubBuild, StubBuildError, build
 
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(command))
         return 0
     bundle = pytriton_bundle_dir()
-    bundle_libs = bundle.parent.parent / "nvidia_pytriton.libs" if bundle else None
+    bundle_libs = bundle_libs_dir(bundle) if bundle else None
     try:
         stub = build(plan, args.output.resolve(), bundle_libs=bundle_libs)
     except StubBuildError as error:

@@ -120,7 +120,7 @@ def prepare_pytriton_bundle(
         backend_dir=backends,
         caches_dir=bundle / "caches",
         path_prepend=(str(interpreter_bin_dir()),),
-        ld_library_path_prepend=(str(_bundle_libs_dir(bundle)), *_libpython_dirs(version, backends.parent)),
+        ld_library_path_prepend=(str(bundle_libs_dir(bundle)), *_libpython_dirs(version, backends.parent)),
         unset=("PYTHONHOME",),
     )
 
@@ -135,7 +135,8 @@ def interpreter_bin_dir() -> Path:
     )
 
 
-def _bundle_libs_dir(bundle: Path) -> Path:
+def bundle_libs_dir(bundle: Path) -> Path:
+    """The shared libraries the wheel ships for its server (libcudart among them)."""
     wheel_libs = bundle.parent.parent / "nvidia_pytriton.libs"
     return wheel_libs if wheel_libs.is_dir() else bundle / "external_libs"
 

