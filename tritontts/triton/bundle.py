@@ -18,6 +18,7 @@ import filecmp
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -99,6 +100,8 @@ def prepare_pytriton_bundle(
     custom = os.environ.get(STUB_ENV)
     if custom and not Path(custom).is_file():
         raise TritonNotFoundError(f"{STUB_ENV}={custom}: no such file")
+    if custom:
+        _check_stub_python(Path(custom), version)
     stub = Path(custom) if custom else bundle / "python_backend_stubs" / version / STUB_NAME
     if not stub.exists():
         shipped = sorted(p.name for p in (bundle / "python_backend_stubs").iterdir() if p.is_dir())
@@ -123,6 +126,16 @@ def prepare_pytriton_bundle(
         ld_library_path_prepend=(str(bundle_libs_dir(bundle)), *_libpython_dirs(version, backends.parent)),
         unset=("PYTHONHOME",),
     )
+
+
+def _check_stub_python(stub: Path, version: str) -> None:
+    """A stub links one `libpython3.X.so`: refuse one built for another Python than this interpreter."""
+    linked = {m.decode() for m in re.findall(rb"libpython(3\.\d+)\.so", stub.read_bytes())}
+    if linked and version not in linked:
+        raise TritonNotFoundError(
+            f"{STUB_ENV}={stub} was built for Python {', '.join(sorted(linked))}, not this interpreter's {version}: "
+            "rebuild it with this Python (scripts/build_python_stub.py)"
+        )
 
 
 def interpreter_bin_dir() -> Path:

