@@ -5,13 +5,13 @@ same bytes."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 
 from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, cosyvoice2_config_from_text
 from tritontts.cosyvoice2.flow import FLOW_FILE, Flow
+from tritontts.synthetic.flow_weights import flow_tensor, seeded_state_dict
 from tritontts.synthetic.presets import preset_entry
 
 CONFIG_FILE = "cosyvoice2.yaml"
@@ -303,28 +303,9 @@ def write_cosyvoice2_yaml(model_dir: str | Path, preset: str) -> Path:
     return path
 
 
-def _random_tensor(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
-    """Unit LayerNorm scales, zero biases, small attention position biases, matrices with variance
-    1/fan_in so activations keep their scale through the random network."""
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "bias":
-        return torch.zeros(shape)
-    if leaf == "weight" and len(shape) == 1:
-        return torch.ones(shape)
-    if leaf in ("pos_bias_u", "pos_bias_v"):
-        return torch.randn(shape, generator=gen) * 0.1
-    if name == "input_embedding.weight":
-        return torch.randn(shape, generator=gen)
-    fan_in = math.prod(shape[1:])
-    return torch.randn(shape, generator=gen) / math.sqrt(fan_in)
-
-
 def random_flow_state_dict(config: FlowConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded random fp32 weights with the official keys, shapes and key order."""
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in Flow(config).state_dict().items()}
-    gen = torch.Generator().manual_seed(seed)
-    return {name: _random_tensor(name, shape, gen).contiguous() for name, shape in shapes.items()}
+    return seeded_state_dict(lambda: Flow(config), flow_tensor, seed)
 
 
 def write_flow(model_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:

@@ -9,7 +9,6 @@ tests. The same preset and seed give the same bytes (the ONNX files as torch exp
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ import torch
 from tritontts.dit_token2wav.config import DiTFlowConfig, dit_flow_config_from_text
 from tritontts.dit_token2wav.flow import FLOW_FILE, DiTFlow
 from tritontts.dit_token2wav.token2wav import CAMPPLUS_FILE, FLOW_YAML, HIFT_FILE, SPEECH_TOKENIZER_FILE
+from tritontts.synthetic.flow_weights import flow_tensor, seeded_state_dict
 from tritontts.synthetic.presets import preset_entry
 
 MARKER = "SYNTHETIC.json"
@@ -96,30 +96,16 @@ def preset_config(preset: str) -> DiTFlowConfig:
     return dit_flow_config_from_text(flow_yaml(preset), f"{preset} preset")
 
 
-def _random_tensor(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
-    """Zero biases, unit norm scales, small position biases, matrices with variance 1/fan_in, and the
-    adaLN gates scaled down so the random DiT keeps its activations near unit scale."""
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "bias":
-        return torch.zeros(shape)
-    if leaf == "weight" and len(shape) == 1:
-        return torch.ones(shape)
-    if leaf in ("pos_bias_u", "pos_bias_v"):
-        return torch.randn(shape, generator=gen) * 0.1
-    if name == "input_embedding.weight":
-        return torch.randn(shape, generator=gen)
-    std = 1.0 / math.sqrt(math.prod(shape[1:]))
-    if "adaLN_modulation" in name:
-        std *= 0.3
-    return torch.randn(shape, generator=gen) * std
+def _dit_tensor(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+    """The flows' random weights, with the adaLN matrices scaled down so the random DiT keeps its activations
+    near unit scale."""
+    tensor = flow_tensor(name, shape, gen)
+    return tensor * 0.3 if "adaLN_modulation" in name and len(shape) > 1 else tensor
 
 
 def random_flow_state_dict(config: DiTFlowConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded random fp32 weights with the official keys, shapes and key order."""
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in DiTFlow(config).state_dict().items()}
-    gen = torch.Generator().manual_seed(seed)
-    return {name: _random_tensor(name, shape, gen).contiguous() for name, shape in shapes.items()}
+    return seeded_state_dict(lambda: DiTFlow(config), _dit_tensor, seed)
 
 
 def write_flow(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
