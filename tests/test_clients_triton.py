@@ -9,6 +9,7 @@ import pytest
 import soundfile
 from spark_models import MAX_NEW_TOKENS, build_spark_models
 from test_clients_errors import assert_one_clear_line
+from triton_stubs import signal_stub
 
 TRITON_MODELS = [build_spark_models]
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,22 +166,7 @@ def test_warmup_rows_are_sent_but_not_counted(server, bench_data, tmp_path):
 
 
 def test_sigusr1_prints_every_thread_of_a_model_to_the_server_log(server):
-    import os
     import signal
-    import time
 
-    session = str(server.server.process.pid)  # the stubs run in the server's session
-    pattern = "triton_python_backend_stub.*spark_tts_offline"
-    stubs = subprocess.run(
-        ["pgrep", "-s", session, "-f", pattern], capture_output=True, text=True
-    ).stdout.split()
-    assert stubs, "no python-backend stub of spark_tts_offline found"
-    log = Path(server.server.config.log_file)
-    size = log.stat().st_size
-    os.kill(int(stubs[0]), signal.SIGUSR1)
-    for _ in range(50):
-        added = log.read_bytes()[size:].decode(errors="replace")
-        if "most recent call first" in added:
-            break
-        time.sleep(0.1)
+    added = signal_stub(server.server, "spark_tts_offline", signal.SIGUSR1, "most recent call first")
     assert "most recent call first" in added, added[-2000:]

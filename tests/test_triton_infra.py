@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from triton_stubs import signal_stub
 
 from tritontts.triton import bundle, params
 from tritontts.triton.bundle import STUB_NAME, find_tritonserver, prepare_pytriton_bundle, pytriton_bundle_dir
@@ -457,18 +458,6 @@ def test_a_stub_killed_by_a_fatal_signal_prints_its_stacks_to_the_server_log(tri
     import signal
 
     triton.load("infra_fatal")
-    pattern = "triton_python_backend_stub.*infra_fatal"
-    session = str(triton.server.process.pid)
-    stubs = subprocess.run(
-        ["pgrep", "-s", session, "-f", pattern], capture_output=True, text=True
-    ).stdout.split()
-    assert stubs, "no python-backend stub of infra_fatal found"
-    log = Path(triton.server.config.log_file)
-    size = log.stat().st_size
-    os.kill(int(stubs[0]), signal.SIGSEGV)
-    for _ in range(50):
-        added = log.read_bytes()[size:].decode(errors="replace")
-        if "Fatal Python error: Segmentation fault" in added:
-            break
-        time.sleep(0.1)
-    assert "Fatal Python error: Segmentation fault" in added, added[-2000:]
+    expect = "Fatal Python error: Segmentation fault"
+    added = signal_stub(triton.server, "infra_fatal", signal.SIGSEGV, expect)
+    assert expect in added, added[-2000:]

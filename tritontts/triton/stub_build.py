@@ -20,7 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-STUB_NAME = "triton_python_backend_stub"
+from tritontts.triton.bundle import STUB_NAME
+
 TRITON_ORG = "https://github.com/triton-inference-server"
 # name -> (repository, tag; None: the python_backend tag)
 SOURCES: dict[str, tuple[str, str | None]] = {
