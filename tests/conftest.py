@@ -19,6 +19,7 @@ A model that fails to load fails only the tests that load it, with the server's 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,10 +166,11 @@ def bench_data(tmp_path_factory, prompt_zh) -> Path:
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """For modules of tiny models (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): they gain
-    nothing from intra-op threads, and on a shared 2-core machine spinning OpenMP workers slow every op down."""
+    nothing from intra-op threads, and on a shared 2-core machine spinning OpenMP workers slow every op down.
+    `TRITONTTS_TEST_THREADS` overrides the count (tests/golden_spread.py runs the golden tests with 1 and 2)."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("TRITONTTS_TEST_THREADS", "1")))
     yield
     torch.set_num_threads(threads)
