@@ -39,6 +39,56 @@ class CausalCFM(nn.Module):
         noise = fixed_noise(self.mel_bins)
         self.rand_noise = noise.to(device=self.rand_noise.device, dtype=self.rand_noise.dtype)
 
+    def guided_inputs(
+        self, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The estimator's batch of 2B: the B conditioned rows, then the B unconditioned ones (mu, spks,
+        cond = 0); in the speaker embedding's dtype."""
+        dtype = spks.dtype
+        mask_in = torch.cat([mask, mask]).to(dtype)
+        mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(dtype)
+        spks_in = torch.cat([spks, torch.zeros_like(spks)])
+        cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(dtype)
+        return mu_in, mask_in, spks_in, cond_in
+
+    def start(self, batch: int, frames: int, dtype: torch.dtype, temperature: float = 1.0) -> Tensor:
+        """[batch, 80, frames]: every row starts from the first frames of the fixed noise."""
+        if frames > self.rand_noise.size(2):
+            raise ValueError(f"{frames} mel frames exceed the fixed noise ({self.rand_noise.size(2)} frames)")
+        x = self.rand_noise[:, :, :frames].to(dtype) * temperature
+        return x.expand(batch, -1, -1)
+
+    def solve(
+        self,
+        x: Tensor,
+        mu_in: Tensor,
+        mask_in: Tensor,
+        spks_in: Tensor,
+        cond_in: Tensor,
+        n_timesteps: int,
+        streaming: bool = False,
+    ) -> Tensor:
+        """The Euler loop from x [B, 80, T] over the guided inputs [2B, ...] → mel [B, 80, T] fp32.
+
+        Each step runs the estimator on the conditioned and unconditioned rows as one batch and mixes
+        them: (1 + r) * v_cond - r * v_uncond. Only tensor operations: a CUDA graph can capture it whole.
+        """
+        dtype = spks_in.dtype
+        t_span = time_schedule(n_timesteps, self.config.t_scheduler, mu_in.device, mu_in.dtype)
+        rate = self.config.inference_cfg_rate
+        t, dt = t_span[:1], t_span[1] - t_span[0]
+        for step in range(1, len(t_span)):
+            x_in = torch.cat([x, x]).to(dtype)
+            velocity = self.estimator(
+                x_in, mask_in, mu_in, t.expand(x_in.size(0)).to(dtype), spks_in, cond_in, streaming
+            )
+            conditioned, unconditioned = velocity.chunk(2)
+            x = x + dt * ((1.0 + rate) * conditioned - rate * unconditioned)
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        return x.float()
+
     def forward(
         self,
         mu: Tensor,
@@ -49,31 +99,6 @@ class CausalCFM(nn.Module):
         streaming: bool = False,
         temperature: float = 1.0,
     ) -> Tensor:
-        """mu, cond [1, 80, T]; mask [1, 1, T]; spks [1, 80] → mel [1, 80, T] fp32.
-
-        Each step runs the estimator on the conditioned and the unconditioned (mu, spks, cond = 0)
-        input as one batch of 2 and mixes them: (1 + r) * v_cond - r * v_uncond.
-        """
-        frames = mu.size(2)
-        if frames > self.rand_noise.size(2):
-            raise ValueError(f"{frames} mel frames exceed the fixed noise ({self.rand_noise.size(2)} frames)")
-        x = self.rand_noise[:, :, :frames].to(mu.dtype) * temperature
-        t_span = time_schedule(n_timesteps, self.config.t_scheduler, mu.device, mu.dtype)
-        rate = self.config.inference_cfg_rate
-        dtype = spks.dtype
-        mask_in = torch.cat([mask, mask]).to(dtype)
-        mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(dtype)
-        spks_in = torch.cat([spks, torch.zeros_like(spks)])
-        cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(dtype)
-        t, dt = t_span[:1], t_span[1] - t_span[0]
-        for step in range(1, len(t_span)):
-            x_in = torch.cat([x, x]).to(dtype)
-            velocity = self.estimator(
-                x_in, mask_in, mu_in, t.expand(2).to(dtype), spks_in, cond_in, streaming
-            )
-            conditioned, unconditioned = velocity.chunk(2)
-            x = x + dt * ((1.0 + rate) * conditioned - rate * unconditioned)
-            t = t + dt
-            if step < len(t_span) - 1:
-                dt = t_span[step + 1] - t
-        return x.float()
+        """mu, cond [B, 80, T]; mask [B, 1, T]; spks [B, 80] → mel [B, 80, T] fp32 (eager)."""
+        x = self.start(mu.size(0), mu.size(2), mu.dtype, temperature)
+        return self.solve(x, *self.guided_inputs(mu, mask, spks, cond), n_timesteps, streaming)

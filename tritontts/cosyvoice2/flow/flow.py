@@ -13,6 +13,7 @@ from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, load_cosyv
 from tritontts.cosyvoice2.flow.cfm import CausalCFM
 from tritontts.cosyvoice2.flow.encoder import UpsampleConformerEncoder
 from tritontts.cosyvoice2.flow.estimator import Estimator
+from tritontts.cosyvoice2.flow.graphs import CaptureReport, FlowGraphConfig, GraphedCFM
 from tritontts.cosyvoice2.flow.masks import valid_mask
 
 FLOW_FILE = "flow.pt"
@@ -29,6 +30,14 @@ class Flow(nn.Module):
         self.encoder = UpsampleConformerEncoder(config.encoder, config.pre_lookahead_len)
         self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
         self.decoder = CausalCFM(config.cfm, Estimator(config.estimator), config.output_size)
+        self.graphed_decoder: GraphedCFM | None = None
+
+    def use_cuda_graphs(self, config: FlowGraphConfig | None = None) -> CaptureReport:
+        """Run the decoder's Euler loop from CUDA graphs from now on (see `graphs.py`); capture them now."""
+        graphed = GraphedCFM(self.decoder, self.config.cfm.n_timesteps, config)
+        report = graphed.capture()
+        self.graphed_decoder = graphed
+        return report
 
     @torch.inference_mode()
     def inference(
@@ -91,7 +100,8 @@ class Flow(nn.Module):
         cond = torch.zeros(1, self.config.output_size, total_frames, device=device, dtype=dtype)
         cond[:, :, :prompt_frames] = prompt_feat.to(device, dtype).transpose(1, 2)
         mask = torch.ones(1, 1, total_frames, device=device, dtype=dtype)
-        feat = self.decoder(mu, mask, spks, cond, self.config.cfm.n_timesteps, streaming=streaming)
+        decoder = self.graphed_decoder or self.decoder
+        feat = decoder(mu, mask, spks, cond, self.config.cfm.n_timesteps, streaming=streaming)
         return feat[:, :, prompt_frames:]
 
 

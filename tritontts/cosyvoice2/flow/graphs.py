@@ -1,0 +1,167 @@
+"""The flow's whole Euler loop replayed from CUDA graphs, one per (streaming, batch, padded frame count).
+
+A call pads its frames to the smallest bucket that holds them (mask 0 on the padding: the estimator's causal
+convolutions, masked resampling and key-masked attention leave the valid frames as they were), copies its
+inputs into that graph's static buffers, replays it and copies the valid frames out. Longer calls, other batch
+sizes and CPU models run eagerly. Graphs share one memory pool, so their activations cost what the largest
+needs; `capture` stops adding graphs once the pool passes `memory_limit_mib`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tritontts.cosyvoice2.flow.cfm import CausalCFM
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536)
+
+
+@dataclass(frozen=True)
+class FlowGraphConfig:
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    """Padded mel frame counts (50 per second), ascending; longer calls run eagerly."""
+    batch_sizes: tuple[int, ...] = (1,)
+    streaming: tuple[bool, ...] = (False, True)
+    memory_limit_mib: int = 4096
+
+    def __post_init__(self) -> None:
+        if not self.buckets or list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] <= 0:
+            raise ValueError(f"buckets must be positive and ascending, got {self.buckets}")
+        if not self.batch_sizes or min(self.batch_sizes) <= 0:
+            raise ValueError(f"batch_sizes must be positive, got {self.batch_sizes}")
+
+    def bucket(self, frames: int) -> int | None:
+        return next((b for b in self.buckets if b >= frames), None)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph | None
+    x: Tensor
+    mu: Tensor
+    mask: Tensor
+    spks: Tensor
+    cond: Tensor
+    out: Tensor | None = None
+
+
+@dataclass
+class CaptureReport:
+    graphs: int
+    seconds: float
+    pool_mib: float
+    skipped: list[tuple[bool, int, int]] = field(default_factory=list)
+
+
+class GraphedCFM:
+    """Runs `cfm` like `CausalCFM.forward` (temperature 1), from captured graphs where a bucket fits."""
+
+    def __init__(self, cfm: CausalCFM, n_timesteps: int, config: FlowGraphConfig | None = None) -> None:
+        self.cfm = cfm
+        self.n_timesteps = n_timesteps
+        self.config = config or FlowGraphConfig()
+        self.device = cfm.rand_noise.device
+        self.dtype = next(cfm.estimator.parameters()).dtype
+        self._graphs: dict[tuple[bool, int, int], _Graph] = {}
+        self._pool = None
+        self.calls = {"graph": 0, "padded": 0, "eager": 0}
+
+    @property
+    def keys(self) -> list[tuple[bool, int, int]]:
+        return sorted(self._graphs)
+
+    def _static(self, batch: int, frames: int) -> _Graph:
+        device, dtype, bins = self.device, self.dtype, self.cfm.mel_bins
+
+        def zeros(*shape: int) -> Tensor:
+            return torch.zeros(*shape, device=device, dtype=dtype)
+
+        return _Graph(
+            graph=None,
+            x=self.cfm.start(batch, frames, dtype).contiguous(),
+            mu=zeros(2 * batch, bins, frames),
+            mask=zeros(2 * batch, 1, frames),
+            spks=zeros(2 * batch, bins),
+            cond=zeros(2 * batch, bins, frames),
+        )
+
+    def _solve(self, g: _Graph, streaming: bool) -> Tensor:
+        return self.cfm.solve(g.x, g.mu, g.mask, g.spks, g.cond, self.n_timesteps, streaming)
+
+    @torch.inference_mode()
+    def capture(self) -> CaptureReport:
+        """Capture every (streaming, batch, bucket) graph, largest first, within the memory limit."""
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA model, this one is on {self.device}")
+        started = time.perf_counter()
+        self._pool = torch.cuda.graph_pool_handle()
+        report = CaptureReport(0, 0.0, 0.0)
+        base = torch.cuda.memory_reserved(self.device)
+        limit = self.config.memory_limit_mib * 2**20
+        for frames in reversed(self.config.buckets):
+            for batch in self.config.batch_sizes:
+                for streaming in self.config.streaming:
+                    key = (streaming, batch, frames)
+                    if torch.cuda.memory_reserved(self.device) - base > limit:
+                        report.skipped.append(key)
+                        continue
+                    g = self._static(batch, frames)
+                    g.mask.fill_(1)
+                    side = torch.cuda.Stream(self.device)
+                    side.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(side):
+                        self._solve(g, streaming)  # warm-up: lazy kernels and workspaces
+                    torch.cuda.current_stream(self.device).wait_stream(side)
+                    g.graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g.graph, pool=self._pool):
+                        g.out = self._solve(g, streaming)
+                    self._graphs[key] = g
+                    report.graphs += 1
+        torch.cuda.synchronize(self.device)
+        report.seconds = time.perf_counter() - started
+        report.pool_mib = (torch.cuda.memory_reserved(self.device) - base) / 2**20
+        log.info(
+            "flow CUDA graphs: %d captured in %.1f s, %.0f MiB; %d skipped over the %d MiB limit",
+            report.graphs,
+            report.seconds,
+            report.pool_mib,
+            len(report.skipped),
+            self.config.memory_limit_mib,
+        )
+        return report
+
+    def __call__(
+        self, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor, n_timesteps: int, streaming: bool = False
+    ) -> Tensor:
+        """As `CausalCFM.forward`: mu, cond [B, 80, T]; mask [B, 1, T]; spks [B, 80] → mel [B, 80, T] fp32."""
+        batch, _, frames = mu.shape
+        bucket = self.config.bucket(frames)
+        key = (streaming, batch, bucket)
+        if n_timesteps != self.n_timesteps or bucket is None or batch not in self.config.batch_sizes:
+            self.calls["eager"] += 1
+            return self.cfm(mu, mask, spks, cond, n_timesteps, streaming)
+        pad = bucket - frames
+        mu_in, mask_in, spks_in, cond_in = self.cfm.guided_inputs(
+            F.pad(mu, (0, pad)), F.pad(mask, (0, pad)), spks, F.pad(cond, (0, pad))
+        )
+        g = self._graphs.get(key)
+        if g is None:  # no graph for it (CPU, or over the memory limit): the same padded call, eagerly
+            self.calls["padded"] += 1
+            x = self.cfm.start(batch, bucket, mu_in.dtype)
+            out = self.cfm.solve(x, mu_in, mask_in, spks_in, cond_in, n_timesteps, streaming)
+            return out[:, :, :frames]
+        self.calls["graph"] += 1
+        g.mu.copy_(mu_in)
+        g.mask.copy_(mask_in)
+        g.spks.copy_(spks_in)
+        g.cond.copy_(cond_in)
+        g.graph.replay()
+        return g.out[:, :, :frames].clone()
