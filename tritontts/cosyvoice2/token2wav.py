@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift
 
 MEL_CACHE_FRAMES = 8
@@ -143,14 +144,20 @@ class Token2Wav:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int | None = 0,
+        flow_graphs: FlowGraphConfig | None = None,
     ) -> Token2Wav:
-        """`cosyvoice2.yaml`, `flow.pt` (in `dtype`) and `hift.pt` (fp32, as upstream) from a model directory."""
+        """`cosyvoice2.yaml`, `flow.pt` (in `dtype`) and `hift.pt` (fp32, as upstream) from a model directory.
+
+        `flow_graphs` (CUDA only): capture the flow decoder's CUDA graphs now and replay them for every call
+        that fits one."""
         from tritontts.cosyvoice2.config import load_cosyvoice2_config
         from tritontts.cosyvoice2.flow import load_flow
 
         model_dir = Path(model_dir)
         config = load_cosyvoice2_config(model_dir / CONFIG_FILE)
         flow = load_flow(model_dir, config, device, dtype)
+        if flow_graphs is not None:
+            flow.use_cuda_graphs(flow_graphs)
         hift = load_hift(model_dir / HIFT_FILE, HiFTConfig.from_yaml_dict(config.hift), device)
         return cls(flow, hift, config.token_mel_ratio, device, dtype, seed)
 

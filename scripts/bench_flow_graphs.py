@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""CosyVoice2 token2wav with the flow decoder eager against CUDA-graphed, in one process on one GPU.
+
+    python scripts/bench_flow_graphs.py [--model-dir DIR] [--out FILE.json]
+
+Without --model-dir it writes the full-size synthetic token2wav files (cosyvoice2.yaml, flow.pt, hift.pt) to a
+temporary folder. Measures, each as the median of --reps calls after warm-up, with the same weights and inputs
+on both paths: the decoder alone (batch 1 and 8 streams, each a CFG pair), the first streamed chunk (15 + 3
+look-ahead tokens after a 75-token prompt) split into flow encoder, flow decoder and HiFT, and a 5 s offline
+call; and how far the graphed mel moves from the eager one (fp16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
+from tritontts.cosyvoice2.token2wav import Token2Wav
+from tritontts.devices import resolve_flow_dtype
+
+PROMPT_TOKENS = 75
+FIRST_CHUNK_TOKENS = 15 + 3
+OFFLINE_TOKENS = 125
+
+
+def write_full_token2wav(folder: Path) -> Path:
+    from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
+    from tritontts.synthetic.cosyvoice2_hift import write_hift
+
+    write_cosyvoice2_yaml(folder, "full")
+    write_flow(folder, "full", seed=0)
+    write_hift(folder, "full", seed=0)
+    return folder
+
+
+def median_ms(call: Callable[[], object], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+class StageClock:
+    """Wraps callables to add their synchronized wall time to a named total."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = defaultdict(float)
+
+    def wrap(self, name: str, call: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = call(*args, **kwargs)
+            torch.cuda.synchronize()
+            self.ms[name] += 1000 * (time.perf_counter() - start)
+            return out
+
+        return timed
+
+
+def decoder_inputs(batch: int, frames: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    mu = torch.randn(batch, 80, frames, device="cuda", generator=gen, dtype=dtype)
+    cond = torch.zeros_like(mu)
+    cond[:, :, : frames // 2] = torch.randn(batch, 80, frames // 2, device="cuda", generator=gen, dtype=dtype)
+    spks = torch.randn(batch, 80, device="cuda", generator=gen, dtype=dtype)
+    return mu, torch.ones(batch, 1, frames, device="cuda", dtype=dtype), spks, cond
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path)
+    parser.add_argument("--dtype", default="auto", help="flow dtype; auto: float16")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("flow_graphs.json"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    device = torch.device("cuda")
+    dtype = resolve_flow_dtype(args.dtype, device)
+    model_dir = args.model_dir or write_full_token2wav(Path(tempfile.mkdtemp()))
+    t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
+    flow, steps = t2w.flow, t2w.flow.config.cfm.n_timesteps
+    graph_config = FlowGraphConfig(buckets=(192, 256, 384, 512), batch_sizes=(1, 8))
+    report = flow.use_cuda_graphs(graph_config)
+    graphed = flow.graphed_decoder
+    result: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "flow_dtype": str(dtype),
+        "capture": {
+            "graphs": report.graphs,
+            "seconds": round(report.seconds, 2),
+            "pool_mib": round(report.pool_mib),
+        },
+        "decoder": [],
+    }
+
+    for batch, frames in ((1, 186), (1, 400), (8, 186)):
+        inputs = decoder_inputs(batch, frames, dtype)
+        with torch.inference_mode():
+            eager_mel = flow.decoder(*inputs, steps, True)
+            graph_mel = graphed(*inputs, steps, True)
+            eager = median_ms(lambda x=inputs: flow.decoder(*x, steps, True), args.reps)
+            graph = median_ms(lambda x=inputs: graphed(*x, steps, True), args.reps)
+        row = {
+            "streams": batch,
+            "frames": frames,
+            "eager_ms": round(eager, 2),
+            "graphed_ms": round(graph, 2),
+            "speedup": round(eager / graph, 2),
+            "max_abs_diff": float((graph_mel - eager_mel).abs().max()),
+            "mel_abs_max": float(eager_mel.abs().max()),
+        }
+        result["decoder"].append(row)
+        print(row, flush=True)
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    prompt_tokens = torch.randint(
+        0, 6561, (1, PROMPT_TOKENS), device=device, generator=gen, dtype=torch.int32
+    )
+    prompt_feat = torch.randn(1, 2 * PROMPT_TOKENS, 80, device=device, generator=gen)
+    embedding = torch.randn(1, 192, device=device, generator=gen)
+    first = torch.randint(0, 6561, (1, FIRST_CHUNK_TOKENS), device=device, generator=gen, dtype=torch.int32)
+    offline = torch.randint(0, 6561, (1, OFFLINE_TOKENS), device=device, generator=gen, dtype=torch.int32)
+
+    def first_chunk() -> torch.Tensor:
+        speech = t2w.stream("bench", first, prompt_tokens, prompt_feat, embedding, 0, False)
+        t2w.close("bench")
+        return speech
+
+    def offline_call() -> torch.Tensor:
+        return t2w.offline(offline, prompt_tokens, prompt_feat, embedding)
+
+    hift_inference = t2w.hift.inference
+    for path, decoder in (("eager", None), ("graphed", graphed)):
+        flow.graphed_decoder = decoder
+        clock = StageClock()
+        first_ms = median_ms(first_chunk, args.reps)
+        offline_ms = median_ms(offline_call, args.reps)
+        inner = decoder or flow.decoder
+        flow.graphed_decoder = clock.wrap("flow_decoder", inner)
+        t2w.hift.inference = clock.wrap("hift", hift_inference)
+        timed_total = clock.wrap("total", first_chunk)
+        for _ in range(args.reps):
+            timed_total()
+        del t2w.hift.inference
+        stages = {k: round(v / args.reps, 2) for k, v in clock.ms.items()}
+        stages["flow_encoder_and_rest"] = round(stages["total"] - stages["flow_decoder"] - stages["hift"], 2)
+        result[path] = {
+            "first_chunk_ms": round(first_ms, 2),
+            "offline_5s_ms": round(offline_ms, 2),
+            "first_chunk_stages_ms": stages,
+        }
+        print(path, result[path], flush=True)
+    flow.graphed_decoder = graphed
+    result["first_chunk_speedup"] = round(
+        result["eager"]["first_chunk_ms"] / result["graphed"]["first_chunk_ms"], 2
+    )
+    result["graph_calls"] = dict(graphed.calls)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
