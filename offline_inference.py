@@ -33,21 +33,19 @@ import sys
 from pathlib import Path
 
 from tritontts.bench.dataset import DatasetError, load_utterances
-from tritontts.bench.offline import (
+from tritontts.bench.offline import run_offline
+from tritontts.bench.offline_llm import TRTLLM_MISSING, trtllm_available
+from tritontts.bench.offline_report import markdown_table, write_outputs
+from tritontts.bench.offline_settings import (
     BACKEND_ALIASES,
     BACKENDS,
     MISSING_ENDPOINT,
     MODELS,
     TOKEN2WAV_DTYPES,
-    TRTLLM_MISSING,
     BackendUnavailable,
     LLMEndpointError,
     OfflineSettings,
     backend_name,
-    markdown_table,
-    run_offline,
-    trtllm_available,
-    write_outputs,
 )
 
 

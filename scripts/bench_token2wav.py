@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from tritontts.bench.dataset import DatasetError, load_utterances
-from tritontts.bench.offline import TOKEN2WAV_DTYPES
+from tritontts.bench.offline_settings import TOKEN2WAV_DTYPES
 from tritontts.bench.token2wav_bench import (
     MODES,
     STRATEGIES,

@@ -20,7 +20,7 @@ from tritontts.bench.durations import (
     expected_seconds,
     expected_tokens,
 )
-from tritontts.bench.offline import trtllm_available
+from tritontts.bench.offline_llm import trtllm_available
 
 REPO = Path(__file__).resolve().parents[1]
 HOP = 320

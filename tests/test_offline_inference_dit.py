@@ -20,10 +20,10 @@ from http_service import http_service
 
 from tritontts.bench.dataset import Utterance, load_utterances, write_manifest
 from tritontts.bench.durations import expected_tokens
-from tritontts.bench.offline import LLMEndpointError
-from tritontts.bench.offline_cosyvoice2 import SpeechPrompt, decoding_of
 from tritontts.bench.offline_cosyvoice2_dit import DiTToken2WavStrategy
+from tritontts.bench.offline_cosyvoice2_prompt import SpeechPrompt, decoding_of
 from tritontts.bench.offline_openai import ChatSpeechBackend, chat_completions_url, speech_ids
+from tritontts.bench.offline_settings import LLMEndpointError
 from tritontts.cosyvoice2.frontend import SPEECH_TOKENIZER_FILE, SpeechTokenizer
 from tritontts.cosyvoice2.layout import LLM_DIR, MODEL_DIR
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt

@@ -7,13 +7,13 @@ front end runs one reference at a time, the LLM all prompts of a batch together,
 upstream's offline script drops them when it decodes the text.
 
 The token2wav side is a strategy (`Token2WavStrategy`): this module's flow + HiFT, or the DiT token2wav of
-`offline_cosyvoice2_dit`; the LLM side is any backend of `offline`, or the `openai` chat endpoint.
+`offline_cosyvoice2_dit`; the LLM side is any backend of `offline_llm`, or the `openai` chat endpoint.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,19 +23,20 @@ import onnxruntime as ort
 import torch
 
 from tritontts.bench.dataset import Utterance
-from tritontts.bench.offline import (
-    Decoding,
-    Generate,
-    OfflineSettings,
-    StageNames,
-    StageTimes,
-    forced_token_counts,
-    llm_backend,
-    resolve_dtype,
-    synchronize,
-    timed,
+from tritontts.bench.offline_cosyvoice2_prompt import (
+    TOKEN_RATE,
+    SpeechGenerate,
+    SpeechPrompt,
+    decoding_of,
+    id_backend,
+    plan_max_seq_len,
 )
+from tritontts.bench.offline_llm import llm_backend, resolve_dtype
 from tritontts.bench.offline_openai import ChatSpeechBackend
+from tritontts.bench.offline_pipeline import forced_token_counts
+from tritontts.bench.offline_results import StageNames, StageTimes
+from tritontts.bench.offline_settings import OfflineSettings
+from tritontts.bench.offline_timing import synchronize, timed
 from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, CosyVoice2Frontend, PromptFeatures
 from tritontts.cosyvoice2.layout import LLM_DIR, MODEL_DIR
 from tritontts.cosyvoice2.prompt import UPSTREAM_DECODING, CosyVoice2Prompt
@@ -44,7 +45,6 @@ from tritontts.devices import resolve_flow_dtype
 
 NAMES = StageNames(front="frontend", back="token2wav", speech_tokens="speech_tokens")
 SAMPLE_RATE = 24000
-TOKEN_RATE = 25
 MAX_NEW_TOKENS = UPSTREAM_DECODING.max_tokens
 
 
@@ -53,33 +53,6 @@ def frontend_device(device: torch.device) -> str:
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         return "cuda" if device.index is None else f"cuda:{device.index}"
     return "cpu"
-
-
-def plan_max_seq_len(rows: Sequence[Utterance], prompter: CosyVoice2Prompt, max_new_tokens: int) -> int:
-    """Room for the longest prompt (its text, 25 speech tokens per second of reference, some slack) plus the
-    generated tokens, rounded up to 256."""
-    longest = 0
-    for u in rows:
-        text = len(prompter.tokenizer.encode(u.prompt_text + u.target_text).ids)
-        reference = len(u.prompt_audio) * TOKEN_RATE // u.sample_rate + 2
-        longest = max(longest, text + reference + 8)
-    return -(-(longest + max_new_tokens) // 256) * 256
-
-
-@dataclass(frozen=True)
-class SpeechPrompt:
-    """One row's LLM input: ids for the in-process backends, texts and speech tokens for a chat endpoint."""
-
-    reference_text: str
-    target_text: str
-    speech_tokens: np.ndarray
-    """int32 [n], the reference's speech tokens 0..6560"""
-    ids: np.ndarray
-    """int32 LLM input ids (the prompt text, then the speech tokens)"""
-
-
-# Prompts and per prompt the forced token count (or None) in; per prompt the generated LLM ids out.
-SpeechGenerate = Callable[[list[SpeechPrompt], list[int | None]], list[list[int]]]
 
 
 class Token2WavStrategy(Protocol):
@@ -114,15 +87,6 @@ class FlowToken2Wav:
 
     def forget_voices(self) -> None:
         pass
-
-
-def id_backend(generate: Generate) -> SpeechGenerate:
-    """An in-process backend, fed each prompt's ids."""
-
-    def run(prompts: list[SpeechPrompt], forced: list[int | None]) -> list[list[int]]:
-        return generate([p.ids for p in prompts], forced)
-
-    return run
 
 
 class CosyVoice2Pipeline:
@@ -187,20 +151,6 @@ class CosyVoice2Pipeline:
             audio_s=sum(len(a) for a in audio) / SAMPLE_RATE,
         )
         return audio, generated, times
-
-
-def decoding_of(prompter: CosyVoice2Prompt) -> Decoding:
-    """Upstream's sampling (T 0.8, top-k 50, top-p 0.95, repetition penalty 1.1), ending and padding at
-    `<|eos1|>`."""
-    d = UPSTREAM_DECODING
-    return Decoding(
-        end_id=prompter.ids.end,
-        pad_id=prompter.ids.end,
-        temperature=d.temperature,
-        top_k=d.top_k,
-        top_p=d.top_p,
-        repetition_penalty=d.repetition_penalty,
-    )
 
 
 def require_folders(root: Path, folders: Sequence[str], writer: str) -> None:

@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from tritontts.bench.dataset import Utterance
-from tritontts.bench.offline import OfflineSettings
 from tritontts.bench.offline_cosyvoice2 import (
     CosyVoice2Pipeline,
     frontend_device,
     llm_side,
     require_folders,
 )
+from tritontts.bench.offline_settings import OfflineSettings
 from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, SPEECH_TOKENIZER_FILE, SpeechTokenizer
 from tritontts.cosyvoice2.layout import LLM_DIR, MODEL_DIR
 from tritontts.devices import resolve_flow_dtype

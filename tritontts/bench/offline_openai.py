@@ -12,17 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from tritontts.bench.offline import BackendUnavailable, Decoding, LLMEndpointError, RequestSeeds
+from tritontts.bench.offline_cosyvoice2_prompt import SpeechPrompt
+from tritontts.bench.offline_llm import RequestSeeds
+from tritontts.bench.offline_settings import BackendUnavailable, Decoding, LLMEndpointError
 from tritontts.cosyvoice2.llm_http import ERROR_BODY_CHARS, SPEECH_TOKEN, speech_chat_payload
 from tritontts.llm.sequence import SamplingParams
-
-if TYPE_CHECKING:
-    from tritontts.bench.offline_cosyvoice2 import SpeechPrompt
 
 CHAT_PATH = "/v1/chat/completions"
 REQUEST_TIMEOUT_S = 600.0

@@ -10,18 +10,11 @@ import numpy as np
 import torch
 
 from tritontts.bench.dataset import Utterance
-from tritontts.bench.offline import (
-    Decoding,
-    Generate,
-    OfflineSettings,
-    StageNames,
-    StageTimes,
-    forced_token_counts,
-    llm_backend,
-    resolve_dtype,
-    synchronize,
-    timed,
-)
+from tritontts.bench.offline_llm import Generate, llm_backend, resolve_dtype
+from tritontts.bench.offline_pipeline import forced_token_counts
+from tritontts.bench.offline_results import StageNames, StageTimes
+from tritontts.bench.offline_settings import Decoding, OfflineSettings
+from tritontts.bench.offline_timing import synchronize, timed
 from tritontts.spark.codec import SparkCodec
 from tritontts.spark.service import SAMPLE_RATE, TOKEN_RATE, SparkPrompter
 
