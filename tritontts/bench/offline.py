@@ -31,9 +31,6 @@ from tritontts.bench.offline_settings import (
     OfflineSettings,
     backend_name,
 )
-
-# Still imported from here by token2wav_bench.
-from tritontts.bench.offline_timing import device_name, synchronize, timed  # noqa: F401
 from tritontts.devices import resolve_device
 
 

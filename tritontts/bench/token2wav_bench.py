@@ -27,7 +27,8 @@ import torch
 
 from tritontts.bench.dataset import Utterance
 from tritontts.bench.durations import expected_tokens
-from tritontts.bench.offline import device_name, synchronize, timed, to_rate
+from tritontts.bench.offline_pipeline import to_rate
+from tritontts.bench.offline_timing import device_name, synchronize, timed
 from tritontts.bench.report import markdown_table as latency_table
 from tritontts.bench.stats import BenchmarkRun, LatencyStats, RequestRecord
 from tritontts.bench.token2wav_models import SAMPLE_RATE, Token2WavModel, load_model
