@@ -86,6 +86,8 @@ token_hop_len=15                    # streaming: speech tokens of the first toke
 pre_lookahead_len=3                 # streaming: tokens past a chunk the flow looks ahead at
 dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | fixed (every hop token_hop_len)
 token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
+token2wav_cuda_graphs=auto          # cosyvoice2: replay the flow decoder from CUDA graphs: auto (on CUDA) | true | false
+token2wav_graph_batch_sizes=1,2,4,8 # cosyvoice2: concurrent token2wav calls one graphed flow call takes
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
 use_spk2info_cache=false            # stages 4-5: send target_text only, so speaker 001 of spk2info.pt speaks
 
@@ -167,6 +169,8 @@ case "$llm_backend" in torch|trtllm) ;; *) echo "run.sh: --llm_backend must be t
 case "$model" in spark_tts|cosyvoice2|cosyvoice2_dit) ;; *) echo "run.sh: --model must be spark_tts, cosyvoice2 or cosyvoice2_dit, not '$model'" >&2; exit 2 ;; esac
 case "$dynamic_chunk_strategy" in exponential|fixed) ;; *) echo "run.sh: --dynamic_chunk_strategy must be exponential or fixed" >&2; exit 2 ;; esac
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
+case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
+[[ "$token2wav_graph_batch_sizes" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "run.sh: --token2wav_graph_batch_sizes must be comma-separated positive integers" >&2; exit 2; }
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
 case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
 if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ]; then
@@ -257,7 +261,7 @@ write_cosyvoice2_models() {
       audio_tokenizer) fill "$repo/$name/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}" ;;
       speaker_embedding) fill "$repo/$name/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}" ;;
       token2wav) fill "$repo/$name/config.pbtxt" \
-        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype}" ;;
+        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},cuda_graphs:${token2wav_cuda_graphs},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}" ;;
       token2wav_dit) fill "$repo/$name/config.pbtxt" \
         "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},max_reference_seconds:${max_reference_seconds}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;

@@ -9,14 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from tritontts.checkpoint import load_strict
 from tritontts.cosyvoice2.flow import Flow, load_flow
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig, GraphedCFM
+from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig, GraphedCFM, flow_graph_config
+from tritontts.cosyvoice2.hift import HiFT, fuse_weight_norm
+from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.synthetic.cosyvoice2_flow import write_flow
+from tritontts.synthetic.cosyvoice2_hift import preset_config, random_state_dict
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEPS = 10
 # Padding changes only the shapes the kernels see (their summation order): measured 1.3e-6 at most.
 PADDED_BOUND = 1e-5
+# Those differences in the audio of a constant-source HiFT: measured 6.2e-7 at most (AVX-512 and ATen default).
+BATCHED_AUDIO_BOUND = 5e-6
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +122,112 @@ def test_flow_inference_through_the_bucketed_decoder(flow: Flow, tmp_path: Path)
         graphed, flow.graphed_decoder = flow.graphed_decoder, None
     assert graphed.calls["padded"] == 1
     assert (got - expected).abs().max() < PADDED_BOUND
+
+
+@pytest.fixture(scope="module")
+def token2wav(flow: Flow) -> Token2Wav:
+    """The tiny flow and a HiFT whose source is a constant (its merge zeroed): a mel difference reaches the
+    audio as it is, not integrated into the phase of a sine source from the f0 it moves."""
+    state = random_state_dict("tiny", 0)
+    state["m_source.l_linear.weight"].zero_()
+    state["m_source.l_linear.bias"].fill_(0.3)
+    hift = HiFT(preset_config("tiny"))
+    load_strict(hift, state)
+    fuse_weight_norm(hift)
+    return Token2Wav(flow, hift.eval())
+
+
+def _speaker(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 6561, (1, 10 + seed), generator=gen, dtype=torch.int32)
+    return (
+        tokens,
+        0.3 * torch.randn(1, 2 * tokens.shape[1], 80, generator=gen),
+        torch.randn(1, 192, generator=gen),
+    )
+
+
+def test_streams_batched_through_token2wav_equal_each_alone(token2wav: Token2Wav) -> None:
+    """Three streams of different voices and lengths and one offline call share each round's flow decoder
+    call (`run_many`); every stream's audio equals the stream run alone, call by call."""
+    schedule = StreamSchedule(exponential=True)
+    targets = [
+        torch.randint(0, 6561, (1, n), generator=torch.Generator().manual_seed(n)) for n in (40, 60, 75)
+    ]
+    speakers = [_speaker(i) for i in range(3)]
+    plans = [schedule.plan(t.shape[1]) for t in targets]
+    alone = [
+        [
+            token2wav.stream(
+                f"alone{i}", targets[i][:, : c.token_end], *speakers[i], c.token_offset, c.finalize
+            )
+            for c in plan
+        ]
+        for i, plan in enumerate(plans)
+    ]
+    offline_alone = token2wav.offline(targets[0], *speakers[1])
+
+    token2wav.flow.graphed_decoder = GraphedCFM(
+        token2wav.flow.decoder, STEPS, FlowGraphConfig(buckets=(128, 256), batch_sizes=(1, 2, 4))
+    )
+    try:
+        together: list[list[torch.Tensor]] = [[] for _ in plans]
+        for round_index in range(max(len(p) for p in plans)):
+            calls = [
+                Token2WavCall(
+                    targets[i][:, : plan[round_index].token_end],
+                    *speakers[i],
+                    f"s{i}",
+                    plan[round_index].token_offset,
+                    plan[round_index].finalize,
+                )
+                for i, plan in enumerate(plans)
+                if round_index < len(plan)
+            ]
+            calls.append(Token2WavCall(targets[0], *speakers[1]))
+            results = token2wav.run_many(calls)
+            assert all(isinstance(r, torch.Tensor) for r in results)
+            for call, audio in zip(calls[:-1], results):
+                together[int(call.stream_id[1:])].append(audio)
+            assert (results[-1] - offline_alone).abs().max() < BATCHED_AUDIO_BOUND
+        calls_made = token2wav.flow.graphed_decoder.calls
+    finally:
+        token2wav.flow.graphed_decoder = None
+    assert calls_made["padded"] > calls_made["eager"] == 0
+    for ours, expected in zip(together, alone):
+        assert [a.shape for a in ours] == [a.shape for a in expected]
+        for a, b in zip(ours, expected):
+            assert (a - b).abs().max() < BATCHED_AUDIO_BOUND
+    assert token2wav.open_streams == []
+
+
+def test_run_many_isolates_a_bad_call_and_orders_a_streams_calls(token2wav: Token2Wav) -> None:
+    speaker = _speaker(0)
+    tokens = torch.randint(0, 6561, (1, 40), generator=torch.Generator().manual_seed(3))
+    expected_first = token2wav.stream("x", tokens[:, :18], *speaker, 0, False)
+    expected_last = token2wav.stream("x", tokens, *speaker, 15, True)
+    results = token2wav.run_many(
+        [
+            Token2WavCall(tokens[:, :18], *speaker, "y", 0, False),
+            Token2WavCall(tokens[:, :2], *speaker, "bad", 0, False),  # fewer tokens than the look-ahead
+            Token2WavCall(tokens, *speaker, "y", 15, True),  # the same stream: runs after the first
+        ]
+    )
+    assert isinstance(results[1], ValueError) and "leaves no frame for the target" in str(results[1])
+    torch.testing.assert_close(results[0], expected_first, rtol=0, atol=0)
+    torch.testing.assert_close(results[2], expected_last, rtol=0, atol=0)
+    assert token2wav.open_streams == []
+
+
+def test_deployment_parameters() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert flow_graph_config("auto", "1,2,4", cpu) is None
+    assert flow_graph_config("false", "1", gpu) is None
+    assert flow_graph_config("auto", "4,1,2,2", gpu).batch_sizes == (1, 2, 4)
+    assert flow_graph_config("true", "8", gpu).batch_sizes == (8,)
+    with pytest.raises(ValueError, match="cuda_graphs must be auto, true or false"):
+        flow_graph_config("on", "1", gpu)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        flow_graph_config("true", "1", cpu)
+    with pytest.raises(ValueError, match="cuda_graph_batch_sizes"):
+        flow_graph_config("true", "1;2", gpu)

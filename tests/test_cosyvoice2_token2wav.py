@@ -61,6 +61,9 @@ class LookaheadFlow:
         mel = mixed.reshape(-1, 80) + prompt_feat[0].mean(0) + 0.1 * embedding[0, :80] - 4.0
         return mel.T[None].contiguous()
 
+    def inference_many(self, requests):
+        return [self.inference(**request) for request in requests]
+
 
 def _prompt(seed: int = 1) -> tuple[Tensor, Tensor, Tensor]:
     gen = torch.Generator().manual_seed(seed)
@@ -228,6 +231,9 @@ class RecordingFlow:
         mel = self.flow.inference(**kwargs)
         self.mels.append(mel)
         return mel
+
+    def inference_many(self, requests) -> list[Tensor]:
+        return [self.inference(**request) for request in requests]
 
 
 @pytest.fixture(scope="module")

@@ -138,6 +138,8 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("pre_lookahead_len", "3"),
         ("dynamic_chunk_strategy", "exponential"),
         ("token2wav_dtype", "auto"),
+        ("token2wav_cuda_graphs", "auto"),
+        ("token2wav_graph_batch_sizes", "1,2,4,8"),
         ("speaker_embedding_instance_num", "1"),
         ("use_spk2info_cache", "false"),
         ("max_new_tokens", "auto"),
@@ -151,6 +153,8 @@ def test_help_lists_the_cosyvoice2_knobs():
         (["--model", "f5_tts"], "--model must be spark_tts, cosyvoice2 or cosyvoice2_dit"),
         (["--model", "cosyvoice2", "--dynamic_chunk_strategy", "linear"], "--dynamic_chunk_strategy"),
         (["--model", "cosyvoice2", "--token2wav_dtype", "int8"], "--token2wav_dtype"),
+        (["--model", "cosyvoice2", "--token2wav_cuda_graphs", "on"], "--token2wav_cuda_graphs must be"),
+        (["--model", "cosyvoice2", "--token2wav_graph_batch_sizes", "1,,4"], "--token2wav_graph_batch_sizes"),
         (["--model", "cosyvoice2", "--use_spk2info_cache", "yes"], "--use_spk2info_cache must be"),
         (["--use_spk2info_cache", "true"], "needs --model cosyvoice2"),
     ],
@@ -197,6 +201,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     command = ["bash", "run.sh", "2", "2", mode, "--model", "cosyvoice2", "--model_source", "synthetic-tiny"]
     command += ["--llm_backend", backend, "--exp_dir", str(cosyvoice2_exp), "--python", sys.executable]
     command += ["--dynamic_chunk_strategy", "fixed", "--token_hop_len", "20", "--token2wav_dtype", "float16"]
+    command += ["--token2wav_cuda_graphs", "false", "--token2wav_graph_batch_sizes", "1,3"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parsed = _parse_repo(cosyvoice2_exp / "cosyvoice2" / f"model_repo_{backend}_{mode}")
@@ -221,7 +226,12 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         "speaker_embedding",
         "token2wav",
     ]
-    assert _parameters(parsed["token2wav"])["dtype"] == "float16"
+    token2wav = _parameters(parsed["token2wav"])
+    assert (token2wav["dtype"], token2wav["cuda_graphs"], token2wav["cuda_graph_batch_sizes"]) == (
+        "float16",
+        "false",
+        "1,3",
+    )
     assert len(parsed["token2wav"].instance_group) == 1 and parsed["token2wav"].instance_group[0].count == 1
     for name in ("audio_tokenizer", "speaker_embedding", "token2wav"):
         assert _parameters(parsed[name])["model_dir"] == bls["model_dir"]

@@ -9,9 +9,10 @@ previous source over those frames, cross-fades the first 8 frames of audio with 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -37,6 +38,8 @@ class FlowModel(Protocol):
         streaming: bool,
         finalize: bool,
     ) -> Tensor: ...
+
+    def inference_many(self, requests: Sequence[dict[str, Any]]) -> list[Tensor | ValueError]: ...
 
 
 def align_prompt(prompt_tokens: Tensor, prompt_feat: Tensor) -> tuple[Tensor, Tensor]:
@@ -109,6 +112,19 @@ class _StreamState:
     """Audio over those frames, withheld until the next call."""
 
 
+@dataclass(frozen=True)
+class Token2WavCall:
+    """One offline call (`stream_id` None) or one call of a stream, as `Token2Wav.offline` / `stream` take them."""
+
+    target_tokens: Tensor
+    prompt_tokens: Tensor
+    prompt_feat: Tensor
+    embedding: Tensor
+    stream_id: str | None = None
+    token_offset: int = 0
+    finalize: bool = True
+
+
 class Token2Wav:
     """Owns a flow and a HiFT; batch 1, as upstream. `seed` makes the vocoder noise reproducible (None: torch's
     global RNG, as upstream): each offline call and each stream starts a generator from it."""
@@ -166,42 +182,83 @@ class Token2Wav:
             return None
         return torch.Generator(device=self.device).manual_seed(self.seed)
 
-    def _mel(
-        self,
-        target_tokens: Tensor,
-        prompt_tokens: Tensor,
-        prompt_feat: Tensor,
-        embedding: Tensor,
-        streaming: bool,
-        finalize: bool,
-    ) -> Tensor:
-        if target_tokens.dim() != 2 or target_tokens.shape[0] != 1:
-            raise ValueError(f"target_tokens must be [1, n], got {tuple(target_tokens.shape)}")
+    def _flow_request(self, call: Token2WavCall) -> dict[str, Any]:
+        target = call.target_tokens
+        if target.dim() != 2 or target.shape[0] != 1:
+            raise ValueError(f"target_tokens must be [1, n], got {tuple(target.shape)}")
 
         def length(t: Tensor) -> Tensor:
             return torch.tensor([t.shape[1]], dtype=torch.int32, device=self.device)
 
+        streaming = call.stream_id is not None and not call.finalize
+        return {
+            "token": target.to(self.device, torch.int32),
+            "token_len": length(target),
+            "prompt_token": call.prompt_tokens.to(self.device, torch.int32),
+            "prompt_token_len": length(call.prompt_tokens),
+            "prompt_feat": call.prompt_feat.to(self.device, self.flow_dtype),
+            "prompt_feat_len": length(call.prompt_feat),
+            "embedding": call.embedding.to(self.device, self.flow_dtype),
+            "streaming": streaming,
+            "finalize": call.finalize,
+        }
+
+    def run_many(self, calls: Sequence[Token2WavCall]) -> list[Tensor | ValueError]:
+        """Each call's audio (or its ValueError), the flows of all of them decoded in batches where the flow
+        can. Two calls of one stream run one after the other, in the order given."""
+        results: list[Tensor | ValueError | None] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        while pending:
+            seen: set[str] = set()
+            now, later = [], []
+            for i in pending:
+                stream_id = calls[i].stream_id
+                (later if stream_id is not None and stream_id in seen else now).append(i)
+                if stream_id is not None:
+                    seen.add(stream_id)
+            self._run_round([calls[i] for i in now], now, results)
+            pending = later
+        return results
+
+    def _run_round(
+        self, calls: list[Token2WavCall], slots: list[int], results: list[Tensor | ValueError | None]
+    ) -> None:
+        requests: list[dict[str, Any] | ValueError] = []
+        for call in calls:
+            try:
+                requests.append(self._flow_request(call))
+            except ValueError as err:
+                requests.append(err)
         with torch.inference_mode():
-            mel = self.flow.inference(
-                token=target_tokens.to(self.device, torch.int32),
-                token_len=length(target_tokens),
-                prompt_token=prompt_tokens.to(self.device, torch.int32),
-                prompt_token_len=length(prompt_tokens),
-                prompt_feat=prompt_feat.to(self.device, self.flow_dtype),
-                prompt_feat_len=length(prompt_feat),
-                embedding=embedding.to(self.device, self.flow_dtype),
-                streaming=streaming,
-                finalize=finalize,
-            )
-        return mel.to(self.hift.stft_window.device, next(self.hift.parameters()).dtype)
+            mels = iter(self.flow.inference_many([r for r in requests if not isinstance(r, ValueError)]))
+            for call, slot, request in zip(calls, slots, requests):
+                mel = request if isinstance(request, ValueError) else next(mels)
+                if isinstance(mel, ValueError):
+                    results[slot] = mel
+                    continue
+                mel = mel.to(self.hift.stft_window.device, next(self.hift.parameters()).dtype)
+                try:
+                    results[slot] = self._audio(call, mel)
+                except ValueError as err:
+                    results[slot] = err
+
+    def _audio(self, call: Token2WavCall, mel: Tensor) -> Tensor:
+        if call.stream_id is None:
+            speech, _ = self.hift.inference(mel, generator=self._generator())
+            return speech
+        return self._stream_audio(call.stream_id, mel, call.token_offset, call.finalize)
+
+    def _run_one(self, call: Token2WavCall) -> Tensor:
+        result = self.run_many([call])[0]
+        if isinstance(result, ValueError):
+            raise result
+        return result
 
     def offline(
         self, target_tokens: Tensor, prompt_tokens: Tensor, prompt_feat: Tensor, embedding: Tensor
     ) -> Tensor:
         """Target tokens `[1, n]` → audio `[1, 2 n * 480]` at 24 kHz (flow without streaming masks)."""
-        mel = self._mel(target_tokens, prompt_tokens, prompt_feat, embedding, streaming=False, finalize=True)
-        speech, _ = self.hift.inference(mel, generator=self._generator())
-        return speech
+        return self._run_one(Token2WavCall(target_tokens, prompt_tokens, prompt_feat, embedding))
 
     def stream(
         self,
@@ -217,12 +274,15 @@ class Token2Wav:
 
         The first call of a `stream_id` opens its state; the `finalize` call returns the tail and closes it.
         """
+        call = Token2WavCall(
+            target_tokens, prompt_tokens, prompt_feat, embedding, stream_id, token_offset, finalize
+        )
+        return self._run_one(call)
+
+    def _stream_audio(self, stream_id: str, mel: Tensor, token_offset: int, finalize: bool) -> Tensor:
         state = self._streams.get(stream_id)
         if state is None:
             state = _StreamState(self._generator())
-        mel = self._mel(
-            target_tokens, prompt_tokens, prompt_feat, embedding, streaming=not finalize, finalize=finalize
-        )
         mel = mel[:, :, token_offset * self.token_mel_ratio :]
         cache_source = None
         if state.mel is not None:

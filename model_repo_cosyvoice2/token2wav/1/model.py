@@ -8,8 +8,9 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
+from tritontts.cosyvoice2.flow.graphs import flow_graph_config
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
-from tritontts.cosyvoice2.token2wav import Token2Wav
+from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
 from tritontts.cosyvoice2.wire import Token2WavInputs, parse_token2wav_inputs
 from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.triton.debug import enable_stack_dumps
@@ -32,36 +33,43 @@ class TritonPythonModel:
         model_dir = model_param(config, "model_dir")
         device = resolve_device(model_param(config, "device", default="auto"))
         dtype = resolve_flow_dtype(model_param(config, "dtype", default="auto"), device)
-        self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype)
+        graphs = flow_graph_config(
+            model_param(config, "cuda_graphs", default="auto"),
+            model_param(config, "cuda_graph_batch_sizes", default="1,2,4,8"),
+            device,
+        )
+        self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, flow_graphs=graphs)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
         self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))
 
-    def _audio(self, request):
+    def _call(self, request) -> Token2WavCall:
         arrays = {name: optional_input(pb_utils, request, name) for name in INPUT_NAMES}
         inputs: Token2WavInputs = parse_token2wav_inputs(arrays, self.default)
+        prompt = (inputs.target, inputs.prompt_tokens, inputs.prompt_feat, inputs.embedding)
         if inputs.token_offset is None:
-            return self.model.offline(
-                inputs.target, inputs.prompt_tokens, inputs.prompt_feat, inputs.embedding
-            )
+            return Token2WavCall(*prompt)
         stream_id = request.request_id()
         if not stream_id:
             raise ValueError("token_offset needs a request id: a stream's calls are matched by it")
-        return self.model.stream(
-            stream_id,
-            inputs.target,
-            inputs.prompt_tokens,
-            inputs.prompt_feat,
-            inputs.embedding,
-            inputs.token_offset,
-            inputs.finalize,
-        )
+        return Token2WavCall(*prompt, stream_id, inputs.token_offset, inputs.finalize)
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
+        """Every request of this batch in one `run_many`: their flow decoders share batched calls."""
+        outcomes: list = [None] * len(requests)
+        calls, slots = [], []
+        for i, request in enumerate(requests):
             try:
-                audio = self._audio(request).float().cpu().numpy().reshape(1, -1)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
+                calls.append(self._call(request))
+                slots.append(i)
             except Exception as err:
-                responses.append(error_response(pb_utils, err))
+                outcomes[i] = err
+        for slot, result in zip(slots, self.model.run_many(calls)):
+            outcomes[slot] = result
+        responses = []
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                responses.append(error_response(pb_utils, outcome))
+                continue
+            audio = outcome.float().cpu().numpy().reshape(1, -1)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
         return responses

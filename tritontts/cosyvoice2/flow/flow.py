@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +74,37 @@ class Flow(nn.Module):
             token_mel_ratio * T frames when finalize (token_mel_ratio * (T - pre_lookahead_len) if not)
             and the prompt mel matches the prompt tokens.
         """
+        conditions = self.conditions(
+            token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, streaming, finalize
+        )
+        return self.decode([conditions])[0]
+
+    @torch.inference_mode()
+    def inference_many(self, requests: Sequence[dict[str, Any]]) -> list[Tensor | ValueError]:
+        """`inference(**request)` for each request, the decoder batched across them where a graph allows;
+        a request whose inputs are refused gets its ValueError in its place."""
+        conditions: list[FlowConditions | ValueError] = []
+        for request in requests:
+            request = {k: v for k, v in request.items() if k != "prompt_feat_len"}
+            try:
+                conditions.append(self.conditions(**request))
+            except ValueError as err:
+                conditions.append(err)
+        mels = iter(self.decode([c for c in conditions if isinstance(c, FlowConditions)]))
+        return [c if isinstance(c, ValueError) else next(mels) for c in conditions]
+
+    def conditions(
+        self,
+        token: Tensor,
+        token_len: Tensor,
+        prompt_token: Tensor,
+        prompt_token_len: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        streaming: bool = False,
+        finalize: bool = True,
+    ) -> FlowConditions:
+        """Everything before the decoder: speaker, encoder, the decoder's mu and prompt condition."""
         if token.size(0) != 1:
             raise ValueError(f"flow inference takes batch size 1, got {token.size(0)}")
         dtype = self.spk_embed_affine_layer.weight.dtype
@@ -96,13 +130,39 @@ class Flow(nn.Module):
         if total_frames <= prompt_frames:
             raise ValueError(f"prompt mel ({prompt_frames} frames) leaves no frame for the target")
         mu = self.encoder_proj(h).transpose(1, 2).contiguous()
-
         cond = torch.zeros(1, self.config.output_size, total_frames, device=device, dtype=dtype)
         cond[:, :, :prompt_frames] = prompt_feat.to(device, dtype).transpose(1, 2)
-        mask = torch.ones(1, 1, total_frames, device=device, dtype=dtype)
-        decoder = self.graphed_decoder or self.decoder
-        feat = decoder(mu, mask, spks, cond, self.config.cfm.n_timesteps, streaming=streaming)
-        return feat[:, :, prompt_frames:]
+        return FlowConditions(mu, spks, cond, prompt_frames, streaming)
+
+    def decode(self, conditions: Sequence[FlowConditions]) -> list[Tensor]:
+        """The decoder's mel of the target frames, float32 [1, 80, T - prompt_frames] per conditions; one
+        batched graph call per group of calls that fit one, else one call each."""
+        steps = self.config.cfm.n_timesteps
+        mels: list[Tensor | None] = [None] * len(conditions)
+        graphed = self.graphed_decoder
+        for streaming in (False, True):
+            group = [i for i, c in enumerate(conditions) if c.streaming == streaming]
+            if graphed is not None and len(group) > 1:
+                rows = [(conditions[i].mu, conditions[i].spks, conditions[i].cond) for i in group]
+                for i, mel in zip(group, graphed.run_rows(rows, steps, streaming)):
+                    mels[i] = mel
+                continue
+            for i in group:
+                c = conditions[i]
+                mask = torch.ones_like(c.mu[:, :1])
+                mels[i] = (graphed or self.decoder)(c.mu, mask, c.spks, c.cond, steps, streaming=streaming)
+        return [mel[:, :, c.prompt_frames :] for mel, c in zip(mels, conditions)]
+
+
+@dataclass(frozen=True)
+class FlowConditions:
+    """One call's decoder inputs: mu and cond [1, 80, T], spks [1, 80]; the first prompt_frames are the prompt."""
+
+    mu: Tensor
+    spks: Tensor
+    cond: Tensor
+    prompt_frames: int
+    streaming: bool
 
 
 def load_flow(

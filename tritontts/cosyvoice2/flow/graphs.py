@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,23 @@ class FlowGraphConfig:
 
     def bucket(self, frames: int) -> int | None:
         return next((b for b in self.buckets if b >= frames), None)
+
+
+def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> FlowGraphConfig | None:
+    """A deployment's `cuda_graphs` (auto: on for CUDA) and `cuda_graph_batch_sizes` ("1,2,4,8") parameters."""
+    if switch not in ("auto", "true", "false"):
+        raise ValueError(f"cuda_graphs must be auto, true or false, got {switch!r}")
+    if switch == "false" or (switch == "auto" and device.type != "cuda"):
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graphs true needs a CUDA device, got {device}")
+    try:
+        sizes = tuple(sorted({int(b) for b in batch_sizes.split(",")}))
+    except ValueError:
+        raise ValueError(
+            f"cuda_graph_batch_sizes must be comma-separated integers, got {batch_sizes!r}"
+        ) from None
+    return FlowGraphConfig(batch_sizes=sizes)
 
 
 @dataclass
@@ -165,3 +183,31 @@ class GraphedCFM:
         g.cond.copy_(cond_in)
         g.graph.replay()
         return g.out[:, :, :frames].clone()
+
+    def run_rows(
+        self, rows: Sequence[tuple[Tensor, Tensor, Tensor]], n_timesteps: int, streaming: bool
+    ) -> list[Tensor]:
+        """Several calls (mu, spks, cond of batch 1, any lengths) as few batched calls: shortest first, up to
+        the largest captured batch each, padded to the longest of the batch (mask 0) and, in rows, to the next
+        captured batch size (rows of zeros, mask 1). Returns each call's mel [1, 80, T] fp32, in order."""
+        order = sorted(range(len(rows)), key=lambda i: rows[i][0].size(2))
+        widest = max(self.config.batch_sizes)
+        mels: list[Tensor | None] = [None] * len(rows)
+        for start in range(0, len(order), widest):
+            picked = order[start : start + widest]
+            frames = max(rows[i][0].size(2) for i in picked)
+            batch = next((b for b in sorted(self.config.batch_sizes) if b >= len(picked)), len(picked))
+            first = rows[picked[0]][0]
+            mu = first.new_zeros(batch, first.size(1), frames)
+            cond = torch.zeros_like(mu)
+            mask = first.new_ones(batch, 1, frames)
+            spks = rows[picked[0]][1].new_zeros(batch, rows[picked[0]][1].size(1))
+            for row, i in enumerate(picked):
+                row_mu, row_spks, row_cond = rows[i]
+                length = row_mu.size(2)
+                mu[row, :, :length], cond[row, :, :length], spks[row] = row_mu[0], row_cond[0], row_spks[0]
+                mask[row, :, length:] = 0
+            out = self(mu, mask, spks, cond, n_timesteps, streaming)
+            for row, i in enumerate(picked):
+                mels[i] = out[row : row + 1, :, : rows[i][0].size(2)]
+        return mels
