@@ -13,7 +13,7 @@ from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
 from openai_api_process import api_process, decode
-from triton_stats import inference_count
+from triton_stats import inference_count, inference_count_at_least
 
 TRITON_MODELS = [build_cosyvoice2_models, build_cosyvoice2_dit_models]
 pytestmark = pytest.mark.slow
@@ -88,6 +88,7 @@ def test_a_stream_from_the_streaming_model(api, server, model):
         data = b"".join(response.iter_raw())
     samples, _ = decode(data, "pcm", RATE)
     assert_speech(samples)
+    inference_count_at_least(server, MODELS[model].split(",")[0], before[0] + 1)
     streaming, offline, token2wav = counts(server, model)
     assert (streaming, offline) == (before[0] + 1, before[1]) and token2wav > before[2]
 
