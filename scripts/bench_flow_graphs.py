@@ -7,7 +7,10 @@ Without --model-dir it writes the full-size synthetic token2wav files (cosyvoice
 temporary folder. Measures, each as the median of --reps calls after warm-up, with the same weights and inputs
 on both paths: the decoder alone (batch 1 and 8 streams, each a CFG pair), the first streamed chunk (15 + 3
 look-ahead tokens after a 75-token prompt) split into flow encoder, flow decoder and HiFT, and a 5 s offline
-call; and how far the graphed mel moves from the eager one (fp16).
+call; and how far the graphed mel moves from the eager one (fp16). Then N concurrent streams of 10 s each
+(upstream's exponential schedule), advanced in lockstep: each round's chunk calls of all streams go through one
+`Token2Wav.run_many`, as one Triton execute takes them; eager runs the decoder per call, graphed batches it. The
+first round's time is the first chunk every stream waits for; audio seconds over wall seconds is the throughput.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from pathlib import Path
 import torch
 
 from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
-from tritontts.cosyvoice2.token2wav import Token2Wav
+from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.devices import resolve_flow_dtype
 
 PROMPT_TOKENS = 75
 FIRST_CHUNK_TOKENS = 15 + 3
 OFFLINE_TOKENS = 125
+STREAM_TOKENS = 250
+SAMPLE_RATE = 24000
 
 
 def write_full_token2wav(folder: Path) -> Path:
@@ -84,12 +89,52 @@ def decoder_inputs(batch: int, frames: int, dtype: torch.dtype, seed: int = 0) -
     return mu, torch.ones(batch, 1, frames, device="cuda", dtype=dtype), spks, cond
 
 
+def run_streams(t2w: Token2Wav, streams: int, prompt_tokens, prompt_feat, embedding) -> dict:
+    """`streams` streams of STREAM_TOKENS tokens in lockstep, each round's calls in one run_many."""
+    gen = torch.Generator(device="cuda").manual_seed(streams)
+    targets = [
+        torch.randint(0, 6561, (1, STREAM_TOKENS), device="cuda", generator=gen, dtype=torch.int32)
+        for _ in range(streams)
+    ]
+    plan = StreamSchedule(exponential=True).plan(STREAM_TOKENS)
+    round_ms = []
+    samples = 0
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for chunk in plan:
+        round_start = time.perf_counter()
+        calls = [
+            Token2WavCall(
+                t[:, : chunk.token_end],
+                prompt_tokens,
+                prompt_feat,
+                embedding,
+                f"s{i}",
+                chunk.token_offset,
+                chunk.finalize,
+            )
+            for i, t in enumerate(targets)
+        ]
+        results = t2w.run_many(calls)
+        torch.cuda.synchronize()
+        round_ms.append(1000 * (time.perf_counter() - round_start))
+        samples += sum(r.shape[-1] for r in results)
+    wall = time.perf_counter() - start
+    return {
+        "first_round_ms": round(round_ms[0], 2),
+        "round_ms": [round(ms, 1) for ms in round_ms],
+        "audio_s_per_s": round(samples / SAMPLE_RATE / wall, 2),
+        "wall_s": round(wall, 3),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path)
     parser.add_argument("--dtype", default="auto", help="flow dtype; auto: float16")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("flow_graphs.json"))
+    parser.add_argument("--streams", type=lambda v: [int(n) for n in v.split(",")], default=[1, 4, 16])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
@@ -99,7 +144,7 @@ def main() -> int:
     model_dir = args.model_dir or write_full_token2wav(Path(tempfile.mkdtemp()))
     t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
     flow, steps = t2w.flow, t2w.flow.config.cfm.n_timesteps
-    graph_config = FlowGraphConfig(buckets=(192, 256, 384, 512), batch_sizes=(1, 8))
+    graph_config = FlowGraphConfig(batch_sizes=(1, 2, 4, 8, 16))  # the default buckets and memory limit
     report = flow.use_cuda_graphs(graph_config)
     graphed = flow.graphed_decoder
     result: dict = {
@@ -112,6 +157,9 @@ def main() -> int:
             "graphs": report.graphs,
             "seconds": round(report.seconds, 2),
             "pool_mib": round(report.pool_mib),
+            "skipped_over_memory_limit": [list(k) for k in report.skipped],
+            "buckets": list(graph_config.buckets),
+            "batch_sizes": list(graph_config.batch_sizes),
         },
         "decoder": [],
     }
@@ -173,6 +221,18 @@ def main() -> int:
             "first_chunk_stages_ms": stages,
         }
         print(path, result[path], flush=True)
+    result["streams"] = []
+    for streams in args.streams:
+        for path, decoder in (("eager", None), ("graphed", graphed)):
+            flow.graphed_decoder = decoder
+            run_streams(t2w, streams, prompt_tokens, prompt_feat, embedding)  # warm-up
+            row = {
+                "streams": streams,
+                "path": path,
+                **run_streams(t2w, streams, prompt_tokens, prompt_feat, embedding),
+            }
+            result["streams"].append(row)
+            print(row, flush=True)
     flow.graphed_decoder = graphed
     result["first_chunk_speedup"] = round(
         result["eager"]["first_chunk_ms"] / result["graphed"]["first_chunk_ms"], 2

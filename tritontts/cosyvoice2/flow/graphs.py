@@ -3,8 +3,8 @@
 A call pads its frames to the smallest bucket that holds them (mask 0 on the padding: the estimator's causal
 convolutions, masked resampling and key-masked attention leave the valid frames as they were), copies its
 inputs into that graph's static buffers, replays it and copies the valid frames out. Longer calls, other batch
-sizes and CPU models run eagerly. Graphs share one memory pool, so their activations cost what the largest
-needs; `capture` stops adding graphs once the pool passes `memory_limit_mib`.
+sizes and CPU models run eagerly. Graphs share one memory pool, so their activations cost about what the largest
+needs; `capture` goes from the smallest up and stops adding graphs once the pool passes `memory_limit_mib`.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ class GraphedCFM:
 
     @torch.inference_mode()
     def capture(self) -> CaptureReport:
-        """Capture every (streaming, batch, bucket) graph, largest first, within the memory limit."""
+        """Capture every (streaming, batch, bucket) graph, smallest first (the first chunks of streams), until
+        the pool has grown past the memory limit."""
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model, this one is on {self.device}")
         started = time.perf_counter()
@@ -124,25 +125,29 @@ class GraphedCFM:
         report = CaptureReport(0, 0.0, 0.0)
         base = torch.cuda.memory_reserved(self.device)
         limit = self.config.memory_limit_mib * 2**20
-        for frames in reversed(self.config.buckets):
-            for batch in self.config.batch_sizes:
-                for streaming in self.config.streaming:
-                    key = (streaming, batch, frames)
-                    if torch.cuda.memory_reserved(self.device) - base > limit:
-                        report.skipped.append(key)
-                        continue
-                    g = self._static(batch, frames)
-                    g.mask.fill_(1)
-                    side = torch.cuda.Stream(self.device)
-                    side.wait_stream(torch.cuda.current_stream(self.device))
-                    with torch.cuda.stream(side):
-                        self._solve(g, streaming)  # warm-up: lazy kernels and workspaces
-                    torch.cuda.current_stream(self.device).wait_stream(side)
-                    g.graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g.graph, pool=self._pool):
-                        g.out = self._solve(g, streaming)
-                    self._graphs[key] = g
-                    report.graphs += 1
+        keys = [
+            (streaming, batch, frames)
+            for frames in self.config.buckets
+            for batch in self.config.batch_sizes
+            for streaming in self.config.streaming
+        ]
+        for key in sorted(keys, key=lambda k: (k[1] * k[2], k)):
+            streaming, batch, frames = key
+            if torch.cuda.memory_reserved(self.device) - base > limit:
+                report.skipped.append(key)
+                continue
+            g = self._static(batch, frames)
+            g.mask.fill_(1)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._solve(g, streaming)  # warm-up: lazy kernels and workspaces
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            g.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g.graph, pool=self._pool):
+                g.out = self._solve(g, streaming)
+            self._graphs[key] = g
+            report.graphs += 1
         torch.cuda.synchronize(self.device)
         report.seconds = time.perf_counter() - started
         report.pool_mib = (torch.cuda.memory_reserved(self.device) - base) / 2**20
