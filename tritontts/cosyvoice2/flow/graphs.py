@@ -9,18 +9,21 @@ needs; `capture` goes from the smallest up and stops adding graphs once the pool
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from tritontts.cosyvoice2.flow.cfm import CausalCFM
-
-log = logging.getLogger(__name__)
+from tritontts.cuda_graphs import (
+    CaptureReport,
+    bucket_for,
+    capture_graph,
+    capture_within_limit,
+    check_buckets,
+)
 
 DEFAULT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536)
 
@@ -34,13 +37,12 @@ class FlowGraphConfig:
     memory_limit_mib: int = 4096
 
     def __post_init__(self) -> None:
-        if not self.buckets or list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] <= 0:
-            raise ValueError(f"buckets must be positive and ascending, got {self.buckets}")
+        check_buckets("buckets", self.buckets)
         if not self.batch_sizes or min(self.batch_sizes) <= 0:
             raise ValueError(f"batch_sizes must be positive, got {self.batch_sizes}")
 
     def bucket(self, frames: int) -> int | None:
-        return next((b for b in self.buckets if b >= frames), None)
+        return bucket_for(self.buckets, frames)
 
 
 def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> FlowGraphConfig | None:
@@ -71,14 +73,6 @@ class _Graph:
     out: Tensor | None = None
 
 
-@dataclass
-class CaptureReport:
-    graphs: int
-    seconds: float
-    pool_mib: float
-    skipped: list[tuple[bool, int, int]] = field(default_factory=list)
-
-
 class GraphedCFM:
     """Runs `cfm` like `CausalCFM.forward` (temperature 1), from captured graphs where a bucket fits."""
 
@@ -89,7 +83,6 @@ class GraphedCFM:
         self.device = cfm.rand_noise.device
         self.dtype = next(cfm.estimator.parameters()).dtype
         self._graphs: dict[tuple[bool, int, int], _Graph] = {}
-        self._pool = None
         self.calls = {"graph": 0, "padded": 0, "eager": 0}
 
     @property
@@ -118,48 +111,22 @@ class GraphedCFM:
     def capture(self) -> CaptureReport:
         """Capture every (streaming, batch, bucket) graph, smallest first (the first chunks of streams), until
         the pool has grown past the memory limit."""
-        if self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA model, this one is on {self.device}")
-        started = time.perf_counter()
-        self._pool = torch.cuda.graph_pool_handle()
-        report = CaptureReport(0, 0.0, 0.0)
-        base = torch.cuda.memory_reserved(self.device)
-        limit = self.config.memory_limit_mib * 2**20
         keys = [
             (streaming, batch, frames)
             for frames in self.config.buckets
             for batch in self.config.batch_sizes
             for streaming in self.config.streaming
         ]
-        for key in sorted(keys, key=lambda k: (k[1] * k[2], k)):
+
+        def capture_key(key: tuple[bool, int, int], pool: tuple) -> None:
             streaming, batch, frames = key
-            if torch.cuda.memory_reserved(self.device) - base > limit:
-                report.skipped.append(key)
-                continue
             g = self._static(batch, frames)
             g.mask.fill_(1)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self._solve(g, streaming)  # warm-up: lazy kernels and workspaces
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            g.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g.graph, pool=self._pool):
-                g.out = self._solve(g, streaming)
+            g.graph, g.out = capture_graph(lambda: self._solve(g, streaming), self.device, pool)
             self._graphs[key] = g
-            report.graphs += 1
-        torch.cuda.synchronize(self.device)
-        report.seconds = time.perf_counter() - started
-        report.pool_mib = (torch.cuda.memory_reserved(self.device) - base) / 2**20
-        log.info(
-            "flow CUDA graphs: %d captured in %.1f s, %.0f MiB; %d skipped over the %d MiB limit",
-            report.graphs,
-            report.seconds,
-            report.pool_mib,
-            len(report.skipped),
-            self.config.memory_limit_mib,
-        )
-        return report
+
+        ordered = sorted(keys, key=lambda k: (k[1] * k[2], k))
+        return capture_within_limit(ordered, capture_key, self.device, self.config.memory_limit_mib, "flow")
 
     def __call__(
         self, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor, n_timesteps: int, streaming: bool = False

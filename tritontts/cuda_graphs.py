@@ -1,0 +1,91 @@
+"""What the flows' CUDA-graph runners share: bucket lists, one capture, and capturing many graphs into one
+memory pool until the memory they add passes a limit."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+def check_buckets(name: str, buckets: Sequence[int]) -> None:
+    if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] <= 0:
+        raise ValueError(f"{name} must be positive and ascending, got {tuple(buckets)}")
+
+
+def bucket_for(buckets: Sequence[int], size: int) -> int | None:
+    """The smallest bucket that holds `size`, or None past the largest."""
+    return next((b for b in buckets if b >= size), None)
+
+
+def require_cuda(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise ValueError(f"CUDA graphs need a CUDA model, this one is on {device}")
+
+
+def capture_graph(run: Callable[[], T], device: torch.device, pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Run `run` once on a side stream (lazy kernels, workspaces), then capture it into `pool`; returns the
+    graph and what the captured run returned (its static outputs)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
+
+
+@dataclass
+class CaptureReport:
+    graphs: int
+    seconds: float
+    pool_mib: float
+    skipped: list = field(default_factory=list)
+    """the keys not captured because the memory limit was passed"""
+
+
+def capture_within_limit(
+    keys: Sequence[K],
+    capture_key: Callable[[K, tuple], None],
+    device: torch.device,
+    memory_limit_mib: int,
+    what: str,
+) -> CaptureReport:
+    """`capture_key(key, pool)` for each key in order, all into one new graph pool, skipping the rest once the
+    memory reserved since the start passes `memory_limit_mib`."""
+    require_cuda(device)
+    started = time.perf_counter()
+    pool = torch.cuda.graph_pool_handle()
+    report = CaptureReport(0, 0.0, 0.0)
+    base = torch.cuda.memory_reserved(device)
+    limit = memory_limit_mib * 2**20
+    for key in keys:
+        if torch.cuda.memory_reserved(device) - base > limit:
+            report.skipped.append(key)
+            continue
+        capture_key(key, pool)
+        report.graphs += 1
+    torch.cuda.synchronize(device)
+    report.seconds = time.perf_counter() - started
+    report.pool_mib = (torch.cuda.memory_reserved(device) - base) / 2**20
+    log.info(
+        "%s CUDA graphs: %d captured in %.1f s, %.0f MiB; %d skipped over the %d MiB limit",
+        what,
+        report.graphs,
+        report.seconds,
+        report.pool_mib,
+        len(report.skipped),
+        memory_limit_mib,
+    )
+    return report
