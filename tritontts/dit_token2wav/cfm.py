@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from tritontts.cosyvoice2.flow.cfm import fixed_noise, time_schedule
-from tritontts.dit_token2wav.dit import DiT, DiTCache
+from tritontts.dit_token2wav.dit import DiT, DiTCache, FramePadding
 
 NOISE_FRAMES = 50 * 600
 SCHEDULER = "cosine"
@@ -41,6 +41,10 @@ class EstimatorCache:
         att = torch.cat([self.att[:, :, :, :, :head], self.att[:, :, :, :, -tail:]], dim=4)
         return EstimatorCache(self.cnn, att)
 
+    def extended(self, chunk: EstimatorCache) -> EstimatorCache:
+        """The cache after a chunk whose own entries are `chunk`: its convolution inputs, its keys first."""
+        return EstimatorCache(chunk.cnn, torch.cat([chunk.att, self.att], dim=4))
+
 
 class DiTCFM(nn.Module):
     def __init__(self, estimator: DiT, inference_cfg_rate: float = 0.7) -> None:
@@ -55,22 +59,32 @@ class DiTCFM(nn.Module):
         noise = fixed_noise(self.mel_bins, NOISE_FRAMES)
         self.rand_noise = noise.to(device=self.rand_noise.device, dtype=self.rand_noise.dtype)
 
-    def _noise(self, offset: int, frames: int, dtype: torch.dtype) -> Tensor:
+    def noise(self, offset: int, frames: int, dtype: torch.dtype) -> Tensor:
+        """[1, 80, frames] of the fixed noise from frame `offset` on."""
         if offset + frames > self.rand_noise.size(2):
             raise ValueError(
                 f"{offset + frames} mel frames exceed the fixed noise ({self.rand_noise.size(2)} frames)"
             )
         return self.rand_noise[:, :, offset : offset + frames].to(dtype)
 
-    def _solve(
+    def solve(
         self,
         x: Tensor,
         mu: Tensor,
         spks: Tensor,
         cond: Tensor,
         n_timesteps: int,
-        cache: EstimatorCache | None,
-    ) -> tuple[Tensor, list[DiTCache]]:
+        cache: EstimatorCache | None = None,
+        padding: FramePadding | None = None,
+        entries_out: Tensor | None = None,
+    ) -> tuple[Tensor, EstimatorCache | None]:
+        """The Euler loop from x [B, 80, T] → (mel [B, 80, T] in x's dtype, this chunk's own cache entries:
+        each step's convolution inputs after it and its keys ‖ values [steps, depth, 2B, heads, T, 2 head_dim];
+        None without `cache`).
+
+        `padding` (2B rows, the conditioned then the unconditioned ones) marks a right-padded call's valid
+        frames; `entries_out` is where to put the keys ‖ values. Only tensor operations: a CUDA graph can
+        capture it whole."""
         t_span = time_schedule(n_timesteps, SCHEDULER, mu.device, mu.dtype)
         rate = self.inference_cfg_rate
         mu_in = torch.cat([mu, torch.zeros_like(mu)])
@@ -82,7 +96,7 @@ class DiTCFM(nn.Module):
             step_cache = None if cache is None else DiTCache(cache.cnn[step - 1], cache.att[step - 1])
             t_in = t.expand(2 * x.size(0)).to(x.dtype)
             velocity, step_cache = self.estimator(
-                torch.cat([x, x]), mu_in, t_in, spks_in, cond_in, step_cache
+                torch.cat([x, x]), mu_in, t_in, spks_in, cond_in, step_cache, padding
             )
             conditioned, unconditioned = velocity.chunk(2)
             x = x + dt * ((1.0 + rate) * conditioned - rate * unconditioned)
@@ -90,7 +104,11 @@ class DiTCFM(nn.Module):
             if step < n_timesteps:
                 dt = t_span[step + 1] - t
             new_caches.append(step_cache)
-        return x, new_caches
+        if cache is None:
+            return x, None
+        cnn = torch.stack([c.cnn for c in new_caches])
+        att = torch.stack([c.att for c in new_caches], out=entries_out)
+        return x, EstimatorCache(cnn, att)
 
     def forward(
         self, mu: Tensor, spks: Tensor, cond: Tensor, n_timesteps: int = 10, noise: Tensor | None = None
@@ -99,8 +117,8 @@ class DiTCFM(nn.Module):
 
         The start is `noise` [1, 80, T] when given (upstream draws it from the global RNG per call),
         else the first T frames of the fixed buffer."""
-        x = (noise if noise is not None else self._noise(0, mu.size(2), mu.dtype)).to(mu.device, mu.dtype)
-        x, _ = self._solve(x, mu, spks, cond, n_timesteps, None)
+        x = (noise if noise is not None else self.noise(0, mu.size(2), mu.dtype)).to(mu.device, mu.dtype)
+        x, _ = self.solve(x, mu, spks, cond, n_timesteps)
         return x
 
     def forward_chunk(
@@ -112,6 +130,13 @@ class DiTCFM(nn.Module):
         cache: EstimatorCache | None = None,
     ) -> tuple[Tensor, EstimatorCache]:
         """mu, cond [1, 80, T] of the frames after the cached ones → (mel [1, 80, T], the cache after them)."""
+        cache = self.checked_cache(cache, mu, n_timesteps)
+        x = self.noise(cache.frames, mu.size(2), mu.dtype)
+        x, entries = self.solve(x, mu, spks, cond, n_timesteps, cache)
+        return x, cache.extended(entries)
+
+    def checked_cache(self, cache: EstimatorCache | None, mu: Tensor, n_timesteps: int) -> EstimatorCache:
+        """`cache`, or the empty one (no frame yet) for None, once it has one entry per step."""
         if cache is None:
             empty = self.estimator.empty_cache(2 * mu.size(0), mu.device, mu.dtype)
             cache = EstimatorCache(
@@ -120,8 +145,4 @@ class DiTCFM(nn.Module):
             )
         if cache.cnn.size(0) != n_timesteps:
             raise ValueError(f"the estimator cache holds {cache.cnn.size(0)} steps, not {n_timesteps}")
-        x = self._noise(cache.frames, mu.size(2), mu.dtype)
-        x, step_caches = self._solve(x, mu, spks, cond, n_timesteps, cache)
-        cnn = torch.stack([c.cnn for c in step_caches])
-        att = torch.stack([c.att for c in step_caches])
-        return x, EstimatorCache(cnn, att)
+        return cache

@@ -5,6 +5,8 @@ Input [x, mu, speaker, cond] stacked on channels → linear → `depth` blocks, 
 tanh-GELU MLP → an adaLN final layer. The time embedding (cos ‖ sin of 1000 t) conditions every block.
 There is no positional encoding: the whole forward attends over all frames, and a chunk attends over its
 own frames and the cached keys/values of every earlier chunk; each convolution caches its last 2 inputs.
+A right-padded call (`FramePadding`) masks the padded keys and takes the convolution caches from the last
+valid inputs; every other op works frame by frame, so the valid frames come out as without padding.
 Parameter names are the checkpoint's (`blocks.N.attn.to_q`, `blocks.N.conv.block.1`, ...).
 """
 
@@ -47,6 +49,30 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(timestep_embedding(t * TIME_SCALE))
 
 
+@dataclass(frozen=True)
+class FramePadding:
+    """Which frames of a right-padded call are real, per row. Tensors only (a CUDA graph can hold them)."""
+
+    key_mask: Tensor
+    """bool [B, 1, 1, T + C]: the keys a query may read, the chunk's T padded frames then the cache's C"""
+    conv_tail: Tensor
+    """int64 [B, 1, 2]: where the last 2 valid inputs sit in a convolution's cache ‖ chunk input"""
+
+
+def frame_padding(
+    frames: Tensor, padded_frames: int, cache_frames: Tensor | None = None, padded_cache_frames: int = 0
+) -> FramePadding:
+    """frames, cache_frames int64 [B]: the valid chunk and cache frames of each row (cache_frames None: no
+    cache) → the padding of a call of `padded_frames` chunk frames over `padded_cache_frames` cache frames."""
+    positions = torch.arange(padded_frames + padded_cache_frames, device=frames.device)
+    key_mask = positions < frames[:, None]
+    if cache_frames is not None:
+        in_cache = positions - padded_frames
+        key_mask = key_mask | ((in_cache >= 0) & (in_cache < cache_frames[:, None]))
+    conv_tail = frames[:, None] + torch.arange(CONV_KERNEL - 1, device=frames.device)
+    return FramePadding(key_mask[:, None, None, :], conv_tail[:, None, :])
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, head_dim: int) -> None:
         super().__init__()
@@ -60,9 +86,12 @@ class Attention(nn.Module):
         self.k_norm = nn.LayerNorm(head_dim)
         self.proj = nn.Linear(inner, dim)
 
-    def forward(self, x: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """x [B, T, C]; cache [B, H, C', 2 head_dim] of the earlier frames or None (no cache kept) →
-        (out [B, T, C], keys ‖ values with this chunk's frames first, then the cached ones, or None)."""
+    def forward(
+        self, x: Tensor, cache: Tensor | None, key_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """x [B, T, C]; cache [B, H, C', 2 head_dim] of the earlier frames or None (no cache kept); key_mask
+        bool [B, 1, 1, T + C'] or None (all keys) → (out [B, T, C], this chunk's keys ‖ values [B, H, T,
+        2 head_dim], or None without a cache)."""
         batch, time, _ = x.shape
 
         def split_heads(y: Tensor) -> Tensor:
@@ -71,13 +100,13 @@ class Attention(nn.Module):
         q = self.q_norm(split_heads(self.to_q(x)))
         k = self.k_norm(split_heads(self.to_k(x)))
         v = split_heads(self.to_v(x))
-        new_cache = None
+        new_entries = None
         if cache is not None:
+            new_entries = torch.cat([k, v], dim=-1)
             k_cache, v_cache = cache.split(self.head_dim, dim=-1)
             k, v = torch.cat([k, k_cache], dim=2), torch.cat([v, v_cache], dim=2)
-            new_cache = torch.cat([k, v], dim=-1)
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(batch, time, -1)), new_cache
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+        return self.proj(out.transpose(1, 2).reshape(batch, time, -1)), new_entries
 
 
 class MLP(nn.Module):
@@ -107,18 +136,27 @@ class CausalConvBlock(nn.Module):
             Transpose(),
         )
 
-    def forward(self, x: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """x [B, T, C]; cache [B, 2C, 2] (the two convolutions' last inputs) or None (zeros, none kept)."""
+    def forward(
+        self, x: Tensor, cache: Tensor | None, tail: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """x [B, T, C]; cache [B, 2C, 2] (the two convolutions' last inputs) or None (zeros, none kept);
+        tail int64 [B, 1, 2] (`FramePadding.conv_tail`) or None (the last 2 inputs are the valid ones)."""
         if cache is None:
             return self.block(x), None
         first, second = self.block[1], self.block[6]
         cache1, cache2 = cache.split(self.dim, dim=1)
+
+        def last_inputs(y: Tensor) -> Tensor:
+            if tail is None:
+                return y[..., -(CONV_KERNEL - 1) :]
+            return y.gather(2, tail.expand(-1, y.size(1), -1))
+
         y = torch.cat([cache1, x.transpose(1, 2)], dim=2)
-        new1 = y[..., -(CONV_KERNEL - 1) :]
+        new1 = last_inputs(y)
         y = F.conv1d(y, first.weight, first.bias)
         y = self.block[4](self.block[3](y.transpose(1, 2))).transpose(1, 2)
         y = torch.cat([cache2, y], dim=2)
-        new2 = y[..., -(CONV_KERNEL - 1) :]
+        new2 = last_inputs(y)
         y = F.conv1d(y, second.weight, second.bias)
         return y.transpose(1, 2), torch.cat([new1, new2], dim=1)
 
@@ -136,9 +174,17 @@ class DiTBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 9 * hidden))
 
     def forward(
-        self, x: Tensor, c: Tensor, cnn_cache: Tensor | None, att_cache: Tensor | None
+        self,
+        x: Tensor,
+        c: Tensor,
+        cnn_cache: Tensor | None,
+        att_cache: Tensor | None,
+        padding: FramePadding | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x [B, T, C]; c [B, 1, C] time embedding; caches as Attention / CausalConvBlock take them."""
+        """x [B, T, C]; c [B, 1, C] time embedding; caches as Attention / CausalConvBlock take them and
+        return them (the attention's: this chunk's entries only)."""
+        key_mask = None if padding is None else padding.key_mask
+        conv_tail = None if padding is None else padding.conv_tail
         (
             shift_msa,
             scale_msa,
@@ -150,9 +196,11 @@ class DiTBlock(nn.Module):
             scale_conv,
             gate_conv,
         ) = self.adaLN_modulation(c).chunk(9, dim=-1)
-        attended, att_cache = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
+        attended, att_cache = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache, key_mask)
         x = x + gate_msa * attended
-        convolved, cnn_cache = self.conv(modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache)
+        convolved, cnn_cache = self.conv(
+            modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache, conv_tail
+        )
         x = x + gate_conv * convolved
         x = x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
         return x, cnn_cache, att_cache
@@ -175,7 +223,8 @@ class DiTCache:
     cnn: Tensor
     """[depth, B, 2 * hidden, 2] each block's convolution inputs before the chunk"""
     att: Tensor
-    """[depth, B, heads, T, 2 * head_dim] each block's keys ‖ values, newest chunk first"""
+    """[depth, B, heads, T, 2 * head_dim] each block's keys ‖ values, newest chunk first (what `DiT.forward`
+    returns: only its own chunk's T frames, to be put before the cached ones)"""
 
 
 class DiT(nn.Module):
@@ -202,9 +251,11 @@ class DiT(nn.Module):
         spks: Tensor,
         cond: Tensor,
         cache: DiTCache | None = None,
+        padding: FramePadding | None = None,
     ) -> tuple[Tensor, DiTCache | None]:
-        """x, mu, cond [B, 80, T]; t [B]; spks [B, 80] → (velocity [B, 80, T], the cache after these frames,
-        or None without `cache`: then the frames are the whole utterance)."""
+        """x, mu, cond [B, 80, T]; t [B]; spks [B, 80] → (velocity [B, 80, T], the cache entries of these
+        frames: the convolutions' inputs after them and their own keys ‖ values; or None without `cache`: then
+        the frames are the whole utterance). `padding`: a right-padded call's valid frames."""
         c = self.t_embedder(t).unsqueeze(1)
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
         h = self.in_proj(h.transpose(1, 2))
@@ -212,7 +263,7 @@ class DiT(nn.Module):
         for index, block in enumerate(self.blocks):
             cnn = None if cache is None else cache.cnn[index]
             att = None if cache is None else cache.att[index]
-            h, cnn, att = block(h, c, cnn, att)
+            h, cnn, att = block(h, c, cnn, att, padding)
             new_cnn.append(cnn)
             new_att.append(att)
         velocity = self.final_layer(h, c).transpose(1, 2)
