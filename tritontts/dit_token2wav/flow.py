@@ -2,8 +2,9 @@
 
 Whole-utterance `inference` over prompt + target tokens, or streaming: `setup_cache` runs the prompt
 (with `pre_lookahead_len` look-ahead tokens after it) and keeps the encoder's and the estimator's caches;
-each `inference_chunk` continues from a cache and returns the next one. Module layout and parameter names
-are upstream's CausalMaskedDiffWithXvec, so `flow.pt` loads strictly.
+each `inference_chunk` continues from a cache and returns the next one. `use_cuda_graphs` runs the decoder's
+Euler loop from CUDA graphs (`graphs.py`). Module layout and parameter names are upstream's
+CausalMaskedDiffWithXvec, so `flow.pt` loads strictly.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tritontts.checkpoint import build_and_load
+from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
+from tritontts.cuda_graphs import CaptureReport
 from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
 from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
 from tritontts.dit_token2wav.dit import DiT
 from tritontts.dit_token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
+from tritontts.dit_token2wav.graphs import GraphedDiTCFM
 
 FLOW_FILE = "flow.pt"
 
@@ -45,6 +49,19 @@ class DiTFlow(nn.Module):
         self.encoder = UpsampleConformerEncoderV2(config.encoder, config.pre_lookahead_len)
         self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
         self.decoder = DiTCFM(DiT(config.estimator), config.inference_cfg_rate)
+        self.graphed_decoder: GraphedDiTCFM | None = None
+
+    def use_cuda_graphs(self, config: FlowGraphConfig | None = None) -> CaptureReport:
+        """Run the decoder's Euler loop from CUDA graphs from now on (see `graphs.py`); capture them now.
+        A plain FlowGraphConfig gets `DiTFlowGraphConfig`'s chunk and cache buckets."""
+        graphed = GraphedDiTCFM(self.decoder, self.config.n_timesteps, config)
+        report = graphed.capture()
+        self.graphed_decoder = graphed
+        return report
+
+    @property
+    def _decoder(self) -> DiTCFM | GraphedDiTCFM:
+        return self.decoder if self.graphed_decoder is None else self.graphed_decoder
 
     @property
     def dtype(self) -> torch.dtype:
@@ -94,7 +111,7 @@ class DiTFlow(nn.Module):
         cond = torch.zeros_like(mu)
         cond[:, :, :frames] = prompt_feat.to(self.device, self.dtype).transpose(1, 2)
         steps = n_timesteps or self.config.n_timesteps
-        return self.decoder(mu, spks, cond, steps, noise).float()
+        return self._decoder(mu, spks, cond, steps, noise).float()
 
     def _chunk(
         self,
@@ -109,7 +126,7 @@ class DiTFlow(nn.Module):
         h, encoder_cache = self.encoder.forward_chunk(x, last_chunk, None if cache is None else cache.encoder)
         mu = self.encoder_proj(h).transpose(1, 2).contiguous()
         cond = torch.zeros_like(mu) if cond is None else cond
-        feat, estimator_cache = self.decoder.forward_chunk(
+        feat, estimator_cache = self._decoder.forward_chunk(
             mu, spks, cond, n_timesteps, None if cache is None else cache.estimator
         )
         return feat, FlowCache(encoder_cache, estimator_cache)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from tritontts.audio import check_waveform
 from tritontts.checkpoint import CheckpointError, read_state_dict
+from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cosyvoice2.frontend import (
     CAMPPLUS_FILE,
     INPUT_SAMPLE_RATE,
@@ -139,14 +140,18 @@ class DiTToken2Wav:
         dtype: torch.dtype | str = torch.float32,
         seed: int | None = 0,
         speaker_cache_size: int = SPEAKER_CACHE_SIZE,
+        flow_graphs: FlowGraphConfig | None = None,
     ) -> DiTToken2Wav:
         """The `token2wav/` folder: flow.yaml, flow.pt, hift.pt, campplus.onnx, speech_tokenizer_v2_25hz.onnx.
 
         The tokenizer runs on the GPU when the device is one and ONNX Runtime has CUDA, CAMPPlus on the
-        CPU (as upstream)."""
+        CPU (as upstream). `flow_graphs` (CUDA only; a `DiTFlowGraphConfig` also sets the chunk and cache
+        buckets): capture the flow decoder's CUDA graphs now and replay them for every call that fits one."""
         model_dir = Path(model_dir)
         device = resolve_device(device)
         flow = load_dit_flow(model_dir, device, resolve_dtype(dtype))
+        if flow_graphs is not None:
+            flow.use_cuda_graphs(flow_graphs)
         hift_path = model_dir / HIFT_FILE
         hift = load_hift(hift_path, hift_config_of(hift_path), device)
         tokenizer_device = "auto" if device.type == "cuda" else "cpu"
