@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""The DiT token2wav (Step-Audio-2-mini) with its flow decoder eager against CUDA-graphed, in one process.
+
+    python scripts/bench_dit_flow_graphs.py [--model-dir DIR] [--out FILE.json] [--reps 20]
+
+Without --model-dir it writes the full-size synthetic flow (flow.yaml, flow.pt) and HiFT (hift.pt) of
+`write_dit_token2wav(dir, "full", seed=0)` to a temporary folder (not its ONNX front-end stand-ins: the speaker
+is made from random prompt features). Captures the default `DiTFlowGraphConfig`, then measures, each as the
+median of --reps calls after warm-up, with the same weights and inputs on both paths:
+
+- first_chunk: a fresh stream's first `DiTToken2Wav.stream` call (25 + 3 look-ahead tokens after a 3 s prompt),
+- later_chunk: its third call (the estimator cache full: prompt frames + 100),
+- offline_5s: `DiTToken2Wav.offline` of 5 s,
+
+and how far the graphed mel (and a chunk's returned caches) moves from the eager one; `decoder_calls` counts
+the graphed decoder's calls by path while timing (a chunk's stream set-up included). Needs torch, numpy, pyyaml
+and safetensors. `--device cpu --preset tiny` is a dry check of everything but the capture (the decoder then
+runs its padded calls eagerly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.machinery
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PROMPT_TOKENS = 75  # 3 s at 25 tokens/s
+CHUNK_TOKENS = 25
+LOOKAHEAD_TOKENS = 3
+OFFLINE_TOKENS = 125  # 5 s
+STREAM = "bench"
+
+
+def import_without_front_end() -> None:
+    """The token2wav package imports soundfile and onnxruntime for its audio checks and its ONNX front end,
+    which this benchmark never runs; where they are not installed, empty modules stand in for them."""
+    for name in ("soundfile", "onnxruntime"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            stand_in = types.ModuleType(name)
+            stand_in.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
+            sys.modules[name] = stand_in
+
+
+def write_flow_and_hift(folder: Path, preset: str) -> Path:
+    from tritontts.synthetic.cosyvoice2_hift import write_hift
+    from tritontts.synthetic.dit_token2wav import write_flow
+
+    write_flow(folder, preset, seed=0)
+    write_hift(folder, preset, seed=0)
+    return folder
+
+
+def median_ms(
+    call: Callable[[], object], reps: int, device: torch.device, setup: Callable[[], object] | None = None
+) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times = []
+    for rep in range(reps + 3):  # 3 warm-ups
+        if setup is not None:
+            setup()
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        if rep >= 3:
+            times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        raise RuntimeError(f"graphed and eager shapes differ: {tuple(a.shape)} and {tuple(b.shape)}")
+    return float((a.float() - b.float()).abs().max())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, help="a token2wav folder with flow.yaml, flow.pt, hift.pt")
+    parser.add_argument("--preset", choices=("full", "tiny"), default="full", help="without --model-dir")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="auto", help="flow dtype; auto: float16 on CUDA, float32 on CPU")
+    parser.add_argument("--memory-limit-mib", type=int, default=4096)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("dit_flow_graphs.json"))
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA GPU (use --device cpu for a dry check)", file=sys.stderr)
+        return 1
+
+    import_without_front_end()
+    from tritontts.cosyvoice2.hift import HIFT_FILE, load_hift
+    from tritontts.devices import resolve_flow_dtype
+    from tritontts.dit_token2wav.flow import load_dit_flow
+    from tritontts.dit_token2wav.graphs import DiTFlowGraphConfig, GraphedDiTCFM
+    from tritontts.dit_token2wav.token2wav import DiTToken2Wav, hift_config_of
+
+    dtype = resolve_flow_dtype(args.dtype, device)
+    model_dir = args.model_dir or write_flow_and_hift(Path(tempfile.mkdtemp()), args.preset)
+    flow = load_dit_flow(model_dir, device, dtype)
+    hift = load_hift(model_dir / HIFT_FILE, hift_config_of(model_dir / HIFT_FILE), device)
+    t2w = DiTToken2Wav(flow, hift, seed=0)
+    steps = flow.config.n_timesteps
+
+    rng = np.random.default_rng(1)
+    speaker = t2w.speaker_from_features(
+        rng.integers(0, 6561, PROMPT_TOKENS),
+        rng.standard_normal((2 * PROMPT_TOKENS, 80)).astype(np.float32),
+        rng.standard_normal(192).astype(np.float32),
+    )
+    target = rng.integers(0, 6561, 3 * CHUNK_TOKENS + LOOKAHEAD_TOKENS)
+    chunks = [target[k * CHUNK_TOKENS : (k + 1) * CHUNK_TOKENS + LOOKAHEAD_TOKENS] for k in range(3)]
+    offline_tokens = rng.integers(0, 6561, OFFLINE_TOKENS)
+
+    config = DiTFlowGraphConfig(memory_limit_mib=args.memory_limit_mib)
+    if device.type == "cuda":
+        report = flow.use_cuda_graphs(config)
+        capture = {
+            "graphs": report.graphs,
+            "seconds": round(report.seconds, 2),
+            "pool_mib": round(report.pool_mib),
+            "skipped": [list(k) for k in report.skipped],
+        }
+    else:
+        flow.graphed_decoder = GraphedDiTCFM(flow.decoder, steps, config)
+        capture = {"graphs": 0, "note": f"no capture on {device.type}: padded calls run eagerly"}
+    graphed = flow.graphed_decoder
+    print("capture", capture, flush=True)
+
+    def ids(tokens: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(tokens, device=device, dtype=torch.long)[None]
+
+    embedding = speaker.embedding
+
+    def cache_before(chunk: int):
+        """The stream's flow cache before chunk `chunk`, as DiTToken2Wav.stream keeps it (eager)."""
+        flow.graphed_decoder = None
+        cache = speaker.cache
+        for tokens in chunks[:chunk]:
+            _, cache = flow.inference_chunk(ids(tokens), embedding, cache)
+            cache = cache.trimmed(speaker.prompt_frames, 100)
+        return cache
+
+    def open_stream(chunk: int) -> None:
+        t2w.cancel(STREAM)
+        for tokens in chunks[:chunk]:
+            t2w.stream(STREAM, speaker, tokens, finalize=False)
+
+    cases: dict[str, dict] = {}
+    for name, chunk in (("first_chunk", 0), ("later_chunk", 2)):
+        cache = cache_before(chunk)
+        outputs = {}
+        for path, decoder in (("eager", None), ("graphed", graphed)):
+            flow.graphed_decoder = decoder
+            outputs[path] = flow.inference_chunk(ids(chunks[chunk]), embedding, cache)
+        (eager_mel, eager_cache), (graph_mel, graph_cache) = outputs["eager"], outputs["graphed"]
+        cases[name] = {
+            "cache_frames_before": cache.estimator.frames,
+            "mel_frames": eager_mel.shape[2],
+            "mel_max_abs_diff": max_diff(graph_mel, eager_mel),
+            "mel_abs_max": float(eager_mel.abs().max()),
+            "cache_att_max_abs_diff": max_diff(graph_cache.estimator.att, eager_cache.estimator.att),
+            "cache_cnn_max_abs_diff": max_diff(graph_cache.estimator.cnn, eager_cache.estimator.cnn),
+        }
+
+    flow.graphed_decoder = None
+    all_tokens = torch.cat([speaker.prompt_tokens, ids(offline_tokens)], dim=1)
+    eager_mel = flow.inference(all_tokens, speaker.prompt_mel, embedding)
+    flow.graphed_decoder = graphed
+    graph_mel = flow.inference(all_tokens, speaker.prompt_mel, embedding)
+    cases["offline_5s"] = {
+        "mel_frames": eager_mel.shape[2],
+        "mel_max_abs_diff": max_diff(graph_mel, eager_mel),
+        "mel_abs_max": float(eager_mel.abs().max()),
+    }
+
+    timed = {
+        "first_chunk": (
+            lambda: t2w.stream(STREAM, speaker, chunks[0], finalize=False),
+            lambda: open_stream(0),
+        ),
+        "later_chunk": (
+            lambda: t2w.stream(STREAM, speaker, chunks[2], finalize=False),
+            lambda: open_stream(2),
+        ),
+        "offline_5s": (lambda: t2w.offline(offline_tokens, speaker), None),
+    }
+    for name, (call, setup) in timed.items():
+        for path, decoder in (("eager", None), ("graphed", graphed)):
+            flow.graphed_decoder = decoder
+            before = dict(graphed.calls)
+            cases[name][f"{path}_ms"] = round(median_ms(call, args.reps, device, setup), 2)
+            if decoder is not None:
+                cases[name]["decoder_calls"] = {k: graphed.calls[k] - before[k] for k in before}
+        t2w.cancel(STREAM)
+        cases[name]["speedup"] = round(cases[name]["eager_ms"] / cases[name]["graphed_ms"], 2)
+        print(name, cases[name], flush=True)
+        if device.type == "cuda" and cases[name]["decoder_calls"]["graph"] == 0:
+            print(f"warning: {name} ran no graph (calls {cases[name]['decoder_calls']})", flush=True)
+
+    result = {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "model": str(args.model_dir) if args.model_dir else f"synthetic {args.preset}, seed 0",
+        "flow_dtype": str(dtype),
+        "reps": args.reps,
+        "graph_config": {
+            "offline_buckets": list(config.buckets),
+            "chunk_buckets": list(config.chunk_buckets),
+            "cache_buckets": list(config.cache_buckets),
+            "batch_sizes": list(config.batch_sizes),
+            "memory_limit_mib": config.memory_limit_mib,
+        },
+        "capture": capture,
+        "cases": cases,
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
