@@ -11,7 +11,7 @@ before the cache it was given (that tensor, not the padded copy). Several stream
 other batch shapes run as `DiTCFM` does; without a graph (CPU, or over the memory limit) the padded call runs
 eagerly. Graphs share one memory pool, the padded cache input is one buffer per batch size (the largest cache
 bucket; smaller buckets read its first frames), and the keys ‖ values output one per batch size and chunk
-bucket.
+bucket; `capture` goes from the fewest frames up and stops adding graphs once they pass `memory_limit_mib`.
 """
 
 from __future__ import annotations
@@ -315,23 +315,19 @@ class GraphedDiTCFM:
 
     @torch.inference_mode()
     def capture(self) -> CaptureReport:
-        """Capture the chunk graphs (largest cache first), then the offline ones (largest first), within the
-        memory limit."""
+        """Capture every configured graph, fewest frames first (a stream's chunks before long offline calls),
+        until the memory they take has grown past the limit."""
         config = self.config
         keys: list[GraphKey] = []
-        if True in config.streaming:
-            keys += [
-                (True, batch, frames, cache_frames)
-                for cache_frames in reversed(config.cache_buckets)
-                for frames in reversed(config.chunk_buckets)
-                for batch in config.batch_sizes
-            ]
-        if False in config.streaming:
-            keys += [
-                (False, batch, frames, 0)
-                for frames in reversed(config.buckets)
-                for batch in config.batch_sizes
-            ]
+        for batch in config.batch_sizes:
+            if True in config.streaming:
+                keys += [
+                    (True, batch, frames, cache_frames)
+                    for frames in config.chunk_buckets
+                    for cache_frames in config.cache_buckets
+                ]
+            if False in config.streaming:
+                keys += [(False, batch, frames, 0) for frames in config.buckets]
 
         def capture_key(key: GraphKey, pool: tuple) -> None:
             inputs = self._inputs(key, shared=True)
@@ -340,4 +336,5 @@ class GraphedDiTCFM:
             graph, out = capture_graph(lambda: self._solve(inputs), self.device, pool)
             self._graphs[key] = _Graph(graph, inputs, out)
 
-        return capture_within_limit(keys, capture_key, self.device, config.memory_limit_mib, "DiT flow")
+        ordered = sorted(keys, key=lambda k: (k[1] * k[2], k[3], not k[0], k))
+        return capture_within_limit(ordered, capture_key, self.device, config.memory_limit_mib, "DiT flow")
