@@ -145,6 +145,7 @@ class GraphedDiTCFM:
         """As `DiTCFM.forward_chunk`."""
         return self.run([FlowRow(mu, spks, cond, cache)], n_timesteps, streaming=True)[0]
 
+    @torch.inference_mode()
     def run(
         self, rows: Sequence[FlowRow], n_timesteps: int, streaming: bool
     ) -> list[tuple[Tensor, EstimatorCache | None]]:
