@@ -105,6 +105,7 @@ def main() -> int:
         print("error: no CUDA GPU (use --device cpu for a dry check)", file=sys.stderr)
         return 1
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's tritontts
     import_without_front_end()
     from tritontts.cosyvoice2.hift import HIFT_FILE, load_hift
     from tritontts.devices import resolve_flow_dtype
