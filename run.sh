@@ -86,7 +86,7 @@ token_hop_len=15                    # streaming: speech tokens of the first toke
 pre_lookahead_len=3                 # streaming: tokens past a chunk the flow looks ahead at
 dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | fixed (every hop token_hop_len)
 token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
-token2wav_cuda_graphs=auto          # cosyvoice2: replay the flow decoder from CUDA graphs: auto (on CUDA) | true | false
+token2wav_cuda_graphs=auto          # cosyvoice2(_dit): replay the flow decoder from CUDA graphs: auto (on CUDA) | true | false
 token2wav_graph_batch_sizes=1,2,4,8 # cosyvoice2: concurrent token2wav calls one graphed flow call takes
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
 use_spk2info_cache=false            # stages 4-5: send target_text only, so speaker 001 of spk2info.pt speaks
@@ -263,7 +263,7 @@ write_cosyvoice2_models() {
       token2wav) fill "$repo/$name/config.pbtxt" \
         "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},cuda_graphs:${token2wav_cuda_graphs},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}" ;;
       token2wav_dit) fill "$repo/$name/config.pbtxt" \
-        "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},max_reference_seconds:${max_reference_seconds}" ;;
+        "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},cuda_graphs:${token2wav_cuda_graphs},max_reference_seconds:${max_reference_seconds}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
     esac
     leaves+="${role}_model:${name},"

@@ -14,22 +14,20 @@ median of --reps calls after warm-up, with the same weights and inputs on both p
 
 and how far the graphed mel (and a chunk's returned caches) moves from the eager one; `decoder_calls` counts
 the graphed decoder's calls by path while timing (a chunk's stream set-up included). Needs torch, numpy, pyyaml
-and safetensors. `--device cpu --preset tiny` is a dry check of everything but the capture (the decoder then
+safetensors, soundfile and onnxruntime (the package imports them), with tritontts importable (installed, or
+PYTHONPATH=. from the repository). `--device cpu --preset tiny` is a dry check of everything but the capture (the decoder then
 runs its padded calls eagerly).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.machinery
 import json
 import platform
 import statistics
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,18 +39,6 @@ CHUNK_TOKENS = 25
 LOOKAHEAD_TOKENS = 3
 OFFLINE_TOKENS = 125  # 5 s
 STREAM = "bench"
-
-
-def import_without_front_end() -> None:
-    """The token2wav package imports soundfile and onnxruntime for its audio checks and its ONNX front end,
-    which this benchmark never runs; where they are not installed, empty modules stand in for them."""
-    for name in ("soundfile", "onnxruntime"):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            stand_in = types.ModuleType(name)
-            stand_in.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
-            sys.modules[name] = stand_in
 
 
 def write_flow_and_hift(folder: Path, preset: str) -> Path:
@@ -105,8 +91,6 @@ def main() -> int:
         print("error: no CUDA GPU (use --device cpu for a dry check)", file=sys.stderr)
         return 1
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's tritontts
-    import_without_front_end()
     from tritontts.cosyvoice2.hift import HIFT_FILE, load_hift
     from tritontts.devices import resolve_flow_dtype
     from tritontts.dit_token2wav.flow import load_dit_flow

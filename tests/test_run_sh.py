@@ -270,6 +270,7 @@ def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(t
     assert _parameters(parsed["token2wav_dit"])["model_dir"] == str(
         checkpoint / "Step-Audio-2-mini" / "token2wav"
     )
+    assert _parameters(parsed["token2wav_dit"])["cuda_graphs"] == "auto"
     assert _parameters(parsed["audio_tokenizer"])["model_dir"] == str(checkpoint / "CosyVoice2-0.5B")
 
     command = ["bash", "run.sh", "10", "10", "--model", "cosyvoice2_dit", "--model_source", "synthetic-tiny"]

@@ -9,6 +9,7 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
+from tritontts.cosyvoice2.flow.graphs import flow_graph_config
 from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
@@ -24,7 +25,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         device = resolve_device(model_param(config, "device", default="auto"))
         dtype = resolve_flow_dtype(model_param(config, "dtype", default="auto"), device)
-        self.model = DiTToken2Wav.from_model_dir(model_param(config, "model_dir"), device=device, dtype=dtype)
+        graphs = flow_graph_config(model_param(config, "cuda_graphs", default="auto"), "1", device)
+        self.model = DiTToken2Wav.from_model_dir(
+            model_param(config, "model_dir"), device=device, dtype=dtype, flow_graphs=graphs
+        )
         self.limits = AudioLimits(
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
         )
