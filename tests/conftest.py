@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tolerance import SERVER_TORCH_THREADS
 
 from tritontts.triton.server import ServerConfig, ServerError, TritonServer, free_ports
 
@@ -115,7 +116,15 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         exit_timeout_s=5,
     )
     server = TritonServer(config)
-    server.start()
+    threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(SERVER_TORCH_THREADS)
+    try:
+        server.start()
+    finally:
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
     try:
         server.wait_ready(timeout=120)
         yield RunningTriton(server=server, repo=repo)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -38,3 +40,20 @@ def within(what: str, error: float, bound: float) -> None:
         with open(path, "a") as out:
             out.write(json.dumps(record) + "\n")
     assert error < bound, f"{what}: max error {error:.3g} is not below {bound:.3g}"
+
+
+# The session's tritonserver runs its python models with this many torch threads (tests/conftest.py): a test
+# that compares a served output with the same model run in the test process runs it with as many, so both take
+# the same kernels and the comparison sees the wire, not a thread count (HiFT amplifies a 1e-7 difference in
+# the mel to 1e-4 in the audio through the phase of its source).
+SERVER_TORCH_THREADS = 2
+
+
+@contextmanager
+def server_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(SERVER_TORCH_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
