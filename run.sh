@@ -124,6 +124,8 @@ llm_server_max_batch_size=64        # stage 7: requests the LLM server runs at o
 llm_server_kv_cache_fraction=0.4    # stage 7, trtllm: trtllm-serve --kv_cache_free_gpu_memory_fraction (upstream: 0.4)
 trtllm_serve_prefix="mpirun -np 1 --allow-run-as-root --oversubscribe"  # stage 7, trtllm: what runs trtllm-serve, as upstream; "" runs it directly
 llm_server_extra_args=""            # stage 7: more LLM server arguments, e.g. "--backend tensorrt" for a trtllm-serve whose default backend is pytorch
+llm_endpoint=auto                   # stage 7: the URL of /v1/chat/completions every BLS asks (stage 9 too); auto: http://<server_address>:<llm_port>/v1/chat/completions
+disagg_start=true                   # stage 7: false writes model_repo_disagg_<mode> only and starts nothing (servers run elsewhere, as in deploy/k8s)
 
 # One-process benchmark (stage 9, offline_inference.py) and standalone token2wav benchmark (stage 10)
 offline_backend=torch               # stage 9: torch | hf | trtllm | openai (the LLM server at llm_port, e.g. stage 7's or trtllm-serve)
@@ -173,6 +175,7 @@ case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wa
 [[ "$token2wav_graph_batch_sizes" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "run.sh: --token2wav_graph_batch_sizes must be comma-separated positive integers" >&2; exit 2; }
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
 case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
+case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
 if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ]; then
   echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2" >&2; exit 2
 fi
@@ -236,9 +239,11 @@ decoupled=$([ "$mode" = streaming ] && echo True || echo False)
 
 disagg_state=$model_home/disagg/state.json     # stage 7's servers: their logs and pid files are beside it
 disagg_repo=$model_home/model_repo_disagg_${mode}
-llm_host=$server_address
-[ "$llm_host" != 0.0.0.0 ] || llm_host=127.0.0.1
-llm_endpoint=http://$llm_host:$llm_port/v1/chat/completions
+if [ "$llm_endpoint" = auto ]; then
+  llm_host=$server_address
+  [ "$llm_host" != 0.0.0.0 ] || llm_host=127.0.0.1
+  llm_endpoint=http://$llm_host:$llm_port/v1/chat/completions
+fi
 
 server_cli() { "$python" scripts/triton_server.py "$@" --pid-file "$pid_file" --log-file "$server_log"; }
 disagg_cli() { local command=$1; shift; "$python" scripts/disaggregated.py "$command" --state-file "$disagg_state" "$@"; }
@@ -434,7 +439,12 @@ if [ "$stage" -le 6 ] && [ "$stop_stage" -ge 6 ]; then
     --host "$api_host" --port "$api_port" --voices-dir "$voices_dir" --model "$api_model_name=$model"
 fi
 
-if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ] && [ "$disagg_start" = false ]; then
+  log "Stage 7: the repository $disagg_repo only, its BLS asking $llm_endpoint; no server started"
+  rm -rf "$disagg_repo"
+  mkdir -p "$disagg_repo"
+  write_cosyvoice2_models "$disagg_repo" "$llm_endpoint"
+elif [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
   log "Stage 7: LLM server ($llm_backend, GPUs $llm_gpus, port $llm_port) and $instances_per_gpu token2wav tritonserver(s) per GPU on GPUs $token2wav_gpus"
   running=0
   disagg_cli status >/dev/null 2>&1 || running=$?

@@ -114,6 +114,8 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         log_file=root / "tritonserver.log",
         model_control_mode="explicit",
         exit_timeout_s=5,
+        # as deploy/k8s serves: the first-response histogram (tritonserver 2.52 on; 2.51 ignores the key)
+        extra_args=("--metrics-config=histogram_latencies=true",),
     )
     server = TritonServer(config)
     threads = os.environ.get("OMP_NUM_THREADS")
