@@ -95,6 +95,10 @@ class StubBuild:
             f"-DTRITON_ENABLE_GPU={'ON' if self.gpu else 'OFF'}",
             f"-DPYTHON_EXECUTABLE={self.python}",
             "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+            # CMake 4 refuses dlpack v0.8's cmake_minimum_required(VERSION 3.2) without this.
+            "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
+            # GCC 13 deprecates the std::iterator base of rapidjson 1.1's iterators; the stub builds with -Werror.
+            f"-DCMAKE_CXX_FLAGS={' '.join([*os.environ.get('CXXFLAGS', '').split(), '-Wno-deprecated-declarations'])}",
         ]
         for name, cmake_name in FETCHCONTENT_NAMES.items():
             command.append(f"-DFETCHCONTENT_SOURCE_DIR_{cmake_name}={self.tree(name)}")
