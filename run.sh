@@ -510,5 +510,5 @@ if [ "$stage" -le 10 ] && [ "$stop_stage" -ge 10 ]; then
   "$python" scripts/bench_token2wav.py --model "$model" --model-dir "$model_dir" --huggingface-dataset "$dataset" \
     --split-name "$split_name" --mode "$token2wav_bench_mode" --strategy "$bench_strategy" \
     --token-hop-len "$token_hop_len" --pre-lookahead-len "$pre_lookahead_len" --device "$model_device" \
-    --dtype "$token2wav_dtype" --warmup "$warmup" --log-dir "$model_home/log_token2wav"
+    --dtype "$token2wav_dtype" --cuda-graphs "$token2wav_cuda_graphs" --warmup "$warmup" --log-dir "$model_home/log_token2wav"
 fi

@@ -54,6 +54,12 @@ def get_parser() -> argparse.ArgumentParser:
         default="auto",
         help="flow dtype; auto: float16 on CUDA, else float32",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="the flow decoder from CUDA graphs (auto: on CUDA); run once with each to compare",
+    )
     p.add_argument("--warmup", type=int, default=2, help="rows run once per mode before measuring")
     p.add_argument("--max-rows", type=int, default=None, help="use only the first N rows")
     p.add_argument("--seed", type=int, default=0, help="synthetic tokens and HiFT noise")
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         pre_lookahead_len=args.pre_lookahead_len,
         device=args.device,
         dtype=args.dtype,
+        cuda_graphs=args.cuda_graphs,
         warmup=args.warmup,
         seed=args.seed,
         save_wavs=args.save_wavs,

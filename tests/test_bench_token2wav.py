@@ -161,6 +161,7 @@ def test_report_fields_and_table(both_modes) -> None:
     for key in ("model", "mode", "device", "device_name", "dtype", "tokens", "settings", "warmup", "summary"):
         assert key in report, key
     assert report["model"] == model and report["device"] == "cpu" and report["dtype"] == "float32"
+    assert report["cuda_graphs"] is False  # auto: graphs on CUDA only
     assert report["settings"]["token_hop_len"] == 15 and report["settings"]["pre_lookahead_len"] == 3
     for key in ("avg", "p50", "p90", "p99"):
         assert report["summary"]["latency"][key] > 0
@@ -213,3 +214,5 @@ def test_errors_name_the_option(checkpoint: Path, cosy2_data: Path, tmp_path, ca
     assert "--pre-lookahead-len 3" in capsys.readouterr().err
     assert _run(tmp_path, cosy2_data, tmp_path, "cosyvoice2", "--mode", "offline") == 1
     assert "--model-dir" in capsys.readouterr().err
+    assert _run(checkpoint, cosy2_data, tmp_path, "cosyvoice2", "--device", "cpu", "--cuda-graphs", "true") == 1
+    assert "cuda_graphs true needs a CUDA device" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from tritontts.bench.offline_timing import device_name, synchronize, timed
 from tritontts.bench.report import markdown_table as latency_table
 from tritontts.bench.stats import BenchmarkRun, LatencyStats, RequestRecord
 from tritontts.bench.token2wav_models import SAMPLE_RATE, Token2WavModel, load_model
+from tritontts.cosyvoice2.flow.graphs import flow_graph_config
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.voice_cache import audio_key
@@ -97,6 +98,7 @@ class BenchSettings:
     pre_lookahead_len: int = 3
     device: str = "auto"
     dtype: str = "auto"
+    cuda_graphs: str = "auto"
     warmup: int = 2
     seed: int = 0
     save_wavs: bool = False
@@ -285,7 +287,8 @@ def run_benchmark(settings: BenchSettings, rows: Sequence[Utterance], log_dir: P
     schedule = settings.schedule()
     device = resolve_device(settings.device)
     dtype = resolve_flow_dtype(settings.dtype, device)
-    model = load_model(settings.model, settings.model_dir, device, dtype, settings.seed)
+    graphs = flow_graph_config(settings.cuda_graphs, "1", device)
+    model = load_model(settings.model, settings.model_dir, device, dtype, settings.seed, graphs)
     if "streaming" in settings.modes and model.pre_lookahead_len != settings.pre_lookahead_len:
         raise ValueError(
             f"pre_lookahead_len {settings.pre_lookahead_len} differs from the model's "
@@ -303,6 +306,7 @@ def run_benchmark(settings: BenchSettings, rows: Sequence[Utterance], log_dir: P
         "device": str(device),
         "device_name": device_name(device),
         "dtype": str(dtype).removeprefix("torch."),
+        "cuda_graphs": graphs is not None,
         "hift_dtype": "float32",
         "torch_version": torch.__version__,
         "platform": platform.platform(),

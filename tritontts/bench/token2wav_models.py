@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from tritontts.bench.offline_cosyvoice2 import frontend_device
+from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cosyvoice2.frontend import CosyVoice2Frontend
 from tritontts.cosyvoice2.layout import MODEL_DIR
 from tritontts.cosyvoice2.token2wav import CONFIG_FILE, StreamChunk, Token2Wav
@@ -81,9 +82,18 @@ class CosyVoice2Model:
         self.pre_lookahead_len = config.pre_lookahead_len
 
     @classmethod
-    def load(cls, folder: Path, device: torch.device, dtype: torch.dtype, seed: int) -> CosyVoice2Model:
+    def load(
+        cls,
+        folder: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        flow_graphs: FlowGraphConfig | None,
+    ) -> CosyVoice2Model:
         frontend = CosyVoice2Frontend.from_model_dir(folder, tokenizer_device=frontend_device(device))
-        return cls(frontend, Token2Wav.from_model_dir(folder, device, dtype, seed=seed))
+        return cls(
+            frontend, Token2Wav.from_model_dir(folder, device, dtype, seed=seed, flow_graphs=flow_graphs)
+        )
 
     def prepare(self, wav_16k: np.ndarray) -> CosyVoice2Speaker:
         features = self.frontend(wav_16k)
@@ -126,9 +136,19 @@ class DiTModel:
         self.pre_lookahead_len = token2wav.pre_lookahead_len
 
     @classmethod
-    def load(cls, folder: Path, device: torch.device, dtype: torch.dtype, seed: int) -> DiTModel:
+    def load(
+        cls,
+        folder: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        flow_graphs: FlowGraphConfig | None,
+    ) -> DiTModel:
         # No speaker cache in the model: the benchmark keeps its own, so that every preparation is timed.
-        return cls(DiTToken2Wav.from_model_dir(folder, device, dtype, seed=seed, speaker_cache_size=0))
+        t2w = DiTToken2Wav.from_model_dir(
+            folder, device, dtype, seed=seed, speaker_cache_size=0, flow_graphs=flow_graphs
+        )
+        return cls(t2w)
 
     def prepare(self, wav_16k: np.ndarray) -> Any:
         return self.token2wav.prepare_speaker(wav_16k)
@@ -142,8 +162,13 @@ class DiTModel:
 
 
 def load_model(
-    model: str, model_dir: str | Path, device: torch.device, dtype: torch.dtype, seed: int = 0
+    model: str,
+    model_dir: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+    flow_graphs: FlowGraphConfig | None = None,
 ) -> Token2WavModel:
     folder = model_folder(model_dir, model)
     loader = CosyVoice2Model if model == "cosyvoice2" else DiTModel
-    return loader.load(folder, device, dtype, seed)
+    return loader.load(folder, device, dtype, seed, flow_graphs)
