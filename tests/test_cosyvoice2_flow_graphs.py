@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hift_models import constant_source_hift
 
-from tritontts.checkpoint import load_strict
 from tritontts.cosyvoice2.flow import Flow, load_flow
 from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig, GraphedCFM, flow_graph_config
-from tritontts.cosyvoice2.hift import HiFT, fuse_weight_norm
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.synthetic.cosyvoice2_flow import write_flow
-from tritontts.synthetic.cosyvoice2_hift import preset_config, random_state_dict
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEPS = 10
@@ -126,15 +124,8 @@ def test_flow_inference_through_the_bucketed_decoder(flow: Flow, tmp_path: Path)
 
 @pytest.fixture(scope="module")
 def token2wav(flow: Flow) -> Token2Wav:
-    """The tiny flow and a HiFT whose source is a constant (its merge zeroed): a mel difference reaches the
-    audio as it is, not integrated into the phase of a sine source from the f0 it moves."""
-    state = random_state_dict("tiny", 0)
-    state["m_source.l_linear.weight"].zero_()
-    state["m_source.l_linear.bias"].fill_(0.3)
-    hift = HiFT(preset_config("tiny"))
-    load_strict(hift, state)
-    fuse_weight_norm(hift)
-    return Token2Wav(flow, hift.eval())
+    """The tiny flow and a constant-source HiFT: a mel difference reaches the audio as it is."""
+    return Token2Wav(flow, constant_source_hift())
 
 
 def _speaker(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

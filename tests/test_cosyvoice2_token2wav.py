@@ -1,9 +1,9 @@
+import hift_models
 import pytest
 import torch
 from torch import Tensor
 
-from tritontts.checkpoint import load_strict
-from tritontts.cosyvoice2.hift import HiFT, fuse_weight_norm, load_hift
+from tritontts.cosyvoice2.hift import load_hift
 from tritontts.cosyvoice2.token2wav import (
     StreamChunk,
     StreamSchedule,
@@ -12,7 +12,7 @@ from tritontts.cosyvoice2.token2wav import (
     fade_in_out,
 )
 from tritontts.synthetic.cosyvoice2_flow import write_flow
-from tritontts.synthetic.cosyvoice2_hift import preset_config, random_state_dict, write_hift
+from tritontts.synthetic.cosyvoice2_hift import preset_config, write_hift
 
 SAMPLES_PER_FRAME = 480
 CACHE_FRAMES = 8
@@ -98,15 +98,7 @@ def hift(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def constant_source_hift():
-    """The synthetic weights with the source merge zeroed: the excitation is tanh(0.3) everywhere, so a
-    streamed call and an offline pass vocode with the same source."""
-    state = random_state_dict("tiny", 0)
-    state["m_source.l_linear.weight"].zero_()
-    state["m_source.l_linear.bias"].fill_(0.3)
-    model = HiFT(preset_config("tiny"))
-    load_strict(model, state)
-    fuse_weight_norm(model)
-    return model.eval()
+    return hift_models.constant_source_hift()
 
 
 def test_schedule_fixed_hops():

@@ -12,14 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hift_models import constant_source_hift
 
-from tritontts.checkpoint import load_strict
-from tritontts.cosyvoice2.hift import HiFT, fuse_weight_norm
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.dit_token2wav import DiTSpeaker, DiTToken2Wav
 from tritontts.dit_token2wav.token2wav import ESTIMATOR_CACHE_TAIL
 from tritontts.synthetic.cosyvoice2 import voiced_signal
-from tritontts.synthetic.cosyvoice2_hift import preset_config, random_state_dict
 from tritontts.synthetic.dit_token2wav import write_dit_token2wav
 
 SAMPLES_PER_TOKEN = 960
@@ -48,15 +46,8 @@ def speaker(t2w: DiTToken2Wav) -> DiTSpeaker:
 
 @pytest.fixture(scope="module")
 def constant_source(t2w: DiTToken2Wav) -> DiTToken2Wav:
-    """The same flow with HiFT's source merge zeroed (excitation tanh(0.3) everywhere), so a streamed
-    call and one pass vocode with the same source."""
-    state = random_state_dict("tiny", 0)
-    state["m_source.l_linear.weight"].zero_()
-    state["m_source.l_linear.bias"].fill_(0.3)
-    hift = HiFT(preset_config("tiny"))
-    load_strict(hift, state)
-    fuse_weight_norm(hift)
-    return DiTToken2Wav(t2w.flow, hift.eval())
+    """The same flow with a constant-source HiFT, so a streamed call and one pass vocode with the same source."""
+    return DiTToken2Wav(t2w.flow, constant_source_hift())
 
 
 def _targets(count: int = NUM_TOKENS, seed: int = 3) -> np.ndarray:
