@@ -214,5 +214,7 @@ def test_errors_name_the_option(checkpoint: Path, cosy2_data: Path, tmp_path, ca
     assert "--pre-lookahead-len 3" in capsys.readouterr().err
     assert _run(tmp_path, cosy2_data, tmp_path, "cosyvoice2", "--mode", "offline") == 1
     assert "--model-dir" in capsys.readouterr().err
-    assert _run(checkpoint, cosy2_data, tmp_path, "cosyvoice2", "--device", "cpu", "--cuda-graphs", "true") == 1
+    assert (
+        _run(checkpoint, cosy2_data, tmp_path, "cosyvoice2", "--device", "cpu", "--cuda-graphs", "true") == 1
+    )
     assert "cuda_graphs true needs a CUDA device" in capsys.readouterr().err
