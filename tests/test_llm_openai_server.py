@@ -213,7 +213,9 @@ def test_bad_fields_give_openai_errors_and_the_server_keeps_serving(server, path
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
-    ok = httpx.post(f"{server}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+    # ignore_eos: the tiny random model samples its end token now and then (how often depends on the CPU's kernels)
+    good = {"prompt": "hi", "max_tokens": 2, "ignore_eos": True}
+    ok = httpx.post(f"{server}/v1/completions", json=good, timeout=30)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
 
 
