@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
+from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import resolve_flow_dtype
 
 PROMPT_TOKENS = 75

@@ -11,8 +11,9 @@ import torch
 from hift_models import constant_source_hift
 
 from tritontts.cosyvoice2.flow import Flow, load_flow
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig, GraphedCFM, flow_graph_config
+from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
+from tritontts.cuda_graphs import FlowGraphConfig, flow_graph_config
 from tritontts.synthetic.cosyvoice2_flow import write_flow
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

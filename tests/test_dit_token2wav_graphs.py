@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
+from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.dit_token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.cfm import EstimatorCache
 from tritontts.dit_token2wav.flow import DiTFlow, load_dit_flow

@@ -1,5 +1,5 @@
-"""What the flows' CUDA-graph runners share: bucket lists, one capture, and capturing many graphs into one
-memory pool until the memory they add passes a limit."""
+"""What the flows' CUDA-graph runners share: their configuration (and the deployment parameters that make one),
+bucket lists, one capture, and capturing many graphs into one memory pool until the memory they add passes a limit."""
 
 from __future__ import annotations
 
@@ -89,3 +89,40 @@ def capture_within_limit(
         memory_limit_mib,
     )
     return report
+
+
+DEFAULT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536)
+
+
+@dataclass(frozen=True)
+class FlowGraphConfig:
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    """Padded mel frame counts (50 per second), ascending; longer calls run eagerly."""
+    batch_sizes: tuple[int, ...] = (1,)
+    streaming: tuple[bool, ...] = (False, True)
+    memory_limit_mib: int = 4096
+
+    def __post_init__(self) -> None:
+        check_buckets("buckets", self.buckets)
+        if not self.batch_sizes or min(self.batch_sizes) <= 0:
+            raise ValueError(f"batch_sizes must be positive, got {self.batch_sizes}")
+
+    def bucket(self, frames: int) -> int | None:
+        return bucket_for(self.buckets, frames)
+
+
+def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> FlowGraphConfig | None:
+    """A deployment's `cuda_graphs` (auto: on for CUDA) and `cuda_graph_batch_sizes` ("1,2,4,8") parameters."""
+    if switch not in ("auto", "true", "false"):
+        raise ValueError(f"cuda_graphs must be auto, true or false, got {switch!r}")
+    if switch == "false" or (switch == "auto" and device.type != "cuda"):
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graphs true needs a CUDA device, got {device}")
+    try:
+        sizes = tuple(sorted({int(b) for b in batch_sizes.split(",")}))
+    except ValueError:
+        raise ValueError(
+            f"cuda_graph_batch_sizes must be comma-separated integers, got {batch_sizes!r}"
+        ) from None
+    return FlowGraphConfig(batch_sizes=sizes)

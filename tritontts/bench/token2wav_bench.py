@@ -32,8 +32,8 @@ from tritontts.bench.offline_timing import device_name, synchronize, timed
 from tritontts.bench.report import markdown_table as latency_table
 from tritontts.bench.stats import BenchmarkRun, LatencyStats, RequestRecord
 from tritontts.bench.token2wav_models import SAMPLE_RATE, Token2WavModel, load_model
-from tritontts.cosyvoice2.flow.graphs import flow_graph_config
 from tritontts.cosyvoice2.token2wav import StreamSchedule
+from tritontts.cuda_graphs import flow_graph_config
 from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.voice_cache import audio_key
 

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from tritontts.bench.offline_cosyvoice2 import frontend_device
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cosyvoice2.frontend import CosyVoice2Frontend
 from tritontts.cosyvoice2.layout import MODEL_DIR
 from tritontts.cosyvoice2.token2wav import CONFIG_FILE, StreamChunk, Token2Wav
+from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.dit_token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.layout import TOKEN2WAV_DIR

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift
+from tritontts.cuda_graphs import FlowGraphConfig
 
 MEL_CACHE_FRAMES = 8
 TOKEN_MEL_RATIO = 2

@@ -17,8 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tritontts.checkpoint import build_and_load
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
-from tritontts.cuda_graphs import CaptureReport
+from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
 from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
 from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
 from tritontts.dit_token2wav.dit import DiT

@@ -23,9 +23,9 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cuda_graphs import (
     CaptureReport,
+    FlowGraphConfig,
     bucket_for,
     capture_graph,
     capture_within_limit,

@@ -26,7 +26,6 @@ from torch import Tensor
 
 from tritontts.audio import check_waveform
 from tritontts.checkpoint import CheckpointError, read_state_dict
-from tritontts.cosyvoice2.flow.graphs import FlowGraphConfig
 from tritontts.cosyvoice2.frontend import (
     CAMPPLUS_FILE,
     INPUT_SAMPLE_RATE,
@@ -40,6 +39,7 @@ from tritontts.cosyvoice2.frontend import (
 )
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift, official_key
 from tritontts.cosyvoice2.token2wav import fade_in_out
+from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, load_dit_flow

@@ -8,10 +8,10 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from tritontts.cosyvoice2.flow.graphs import flow_graph_config
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
 from tritontts.cosyvoice2.wire import Token2WavInputs, parse_token2wav_inputs
+from tritontts.cuda_graphs import flow_graph_config
 from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import error_response, model_param, optional_input

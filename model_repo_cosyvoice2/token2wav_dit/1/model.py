@@ -9,7 +9,7 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
-from tritontts.cosyvoice2.flow.graphs import flow_graph_config
+from tritontts.cuda_graphs import flow_graph_config
 from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs

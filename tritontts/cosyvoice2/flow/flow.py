@@ -16,8 +16,9 @@ from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, load_cosyv
 from tritontts.cosyvoice2.flow.cfm import CausalCFM
 from tritontts.cosyvoice2.flow.encoder import UpsampleConformerEncoder
 from tritontts.cosyvoice2.flow.estimator import Estimator
-from tritontts.cosyvoice2.flow.graphs import CaptureReport, FlowGraphConfig, GraphedCFM
+from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.flow.masks import valid_mask
+from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
 
 FLOW_FILE = "flow.pt"
 

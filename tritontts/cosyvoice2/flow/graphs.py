@@ -17,49 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tritontts.cosyvoice2.flow.cfm import CausalCFM
-from tritontts.cuda_graphs import (
-    CaptureReport,
-    bucket_for,
-    capture_graph,
-    capture_within_limit,
-    check_buckets,
-)
-
-DEFAULT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536)
-
-
-@dataclass(frozen=True)
-class FlowGraphConfig:
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    """Padded mel frame counts (50 per second), ascending; longer calls run eagerly."""
-    batch_sizes: tuple[int, ...] = (1,)
-    streaming: tuple[bool, ...] = (False, True)
-    memory_limit_mib: int = 4096
-
-    def __post_init__(self) -> None:
-        check_buckets("buckets", self.buckets)
-        if not self.batch_sizes or min(self.batch_sizes) <= 0:
-            raise ValueError(f"batch_sizes must be positive, got {self.batch_sizes}")
-
-    def bucket(self, frames: int) -> int | None:
-        return bucket_for(self.buckets, frames)
-
-
-def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> FlowGraphConfig | None:
-    """A deployment's `cuda_graphs` (auto: on for CUDA) and `cuda_graph_batch_sizes` ("1,2,4,8") parameters."""
-    if switch not in ("auto", "true", "false"):
-        raise ValueError(f"cuda_graphs must be auto, true or false, got {switch!r}")
-    if switch == "false" or (switch == "auto" and device.type != "cuda"):
-        return None
-    if device.type != "cuda":
-        raise ValueError(f"cuda_graphs true needs a CUDA device, got {device}")
-    try:
-        sizes = tuple(sorted({int(b) for b in batch_sizes.split(",")}))
-    except ValueError:
-        raise ValueError(
-            f"cuda_graph_batch_sizes must be comma-separated integers, got {batch_sizes!r}"
-        ) from None
-    return FlowGraphConfig(batch_sizes=sizes)
+from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig, capture_graph, capture_within_limit
 
 
 @dataclass
@@ -167,7 +125,8 @@ class GraphedCFM:
         mels: list[Tensor | None] = [None] * len(rows)
         for start in range(0, len(order), widest):
             picked = order[start : start + widest]
-            frames = max(rows[i][0].size(2) for i in picked)
+            longest = max(rows[i][0].size(2) for i in picked)
+            frames = self.config.bucket(longest) or longest  # padded once, here
             batch = next((b for b in sorted(self.config.batch_sizes) if b >= len(picked)), len(picked))
             first = rows[picked[0]][0]
             mu = first.new_zeros(batch, first.size(1), frames)
