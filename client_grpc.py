@@ -38,7 +38,8 @@ from tritontts.bench.dataset import DatasetError, Utterance, load_manifest, load
 from tritontts.bench.durations import expected_tokens
 from tritontts.bench.per_server import parse_servers, server_of_worker, server_rows, server_table
 from tritontts.bench.report import markdown_table, write_report
-from tritontts.bench.stats import BenchmarkRun, RequestRecord
+from tritontts.bench.server_stages import breakdown_line, first_chunk_breakdown, scrape
+from tritontts.bench.stats import BenchmarkRun, RequestRecord, summarize
 from tritontts.streaming import crossfade_concat
 
 DEFAULT_PADDING_SECONDS = {"offline": 1.0, "streaming": 10.0}
@@ -48,6 +49,13 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server-addr", default="localhost", help="Triton host")
     p.add_argument("--server-port", type=int, default=8001, help="Triton gRPC port")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Triton metrics port of --server-addr: streaming runs then report where first chunks spend their "
+        "time (the BLS's and token2wav's stage metrics); 0: off",
+    )
     p.add_argument(
         "--server-addrs",
         default=None,
@@ -307,6 +315,13 @@ def run_benchmark(
     return BenchmarkRun(args.mode, len(shares), wall, records)
 
 
+def stage_metrics_url(args: argparse.Namespace) -> str | None:
+    """Where to read the stage metrics: streaming runs against one server with --metrics-port set."""
+    if args.metrics_port <= 0 or args.mode != "streaming" or args.server_addrs:
+        return None
+    return f"http://{args.server_addr}:{args.metrics_port}/metrics"
+
+
 def concurrencies(args: argparse.Namespace) -> list[int]:
     if not args.sweep:
         return [args.num_tasks]
@@ -368,11 +383,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if failed:
             print(f"error: a warm-up request failed: {failed[0]}", file=sys.stderr)
             return 1
-    runs, per_server = [], []
+    runs, per_server, stages = [], [], []
+    metrics_url = stage_metrics_url(args)
     for level in levels:
         wav_dir = log_dir if len(levels) == 1 else log_dir / f"concurrency_{level}"
         record_servers: dict[str, str] = {}
+        before = scrape(metrics_url) if metrics_url else None
         runs.append(run_benchmark(args, items, level, wav_dir, record_servers))
+        if before is not None:
+            first_chunk = summarize(runs[-1]).first_chunk_latency
+            client_ms = None if first_chunk is None else first_chunk.avg * 1000.0
+            breakdown = first_chunk_breakdown(before, scrape(metrics_url), client_ms)
+            stages.append({"concurrency": runs[-1].concurrency, **breakdown})
+            print(f"concurrency {runs[-1].concurrency}: {breakdown_line(breakdown)}", file=sys.stderr)
         rows = server_rows(runs[-1], record_servers, targets, args.num_gpus)
         per_server.append({"concurrency": runs[-1].concurrency, "servers": rows})
     metadata = {
@@ -394,6 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.server_addrs:
         metadata["per_server"] = per_server
+    if stages:
+        metadata["first_chunk_stages"] = stages
     paths = write_report(runs, log_dir, metadata)
     print(markdown_table(runs), end="")
     if args.server_addrs:
@@ -404,6 +429,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(paths["markdown"], "a", encoding="utf-8") as markdown:
             markdown.write("\n## By server\n" + tables)
         print(tables, end="")
+    if stages:
+        with open(paths["markdown"], "a", encoding="utf-8") as markdown:
+            markdown.write("\n## First chunk stages (means, server metrics)\n\n")
+            markdown.write(
+                "".join(f"- concurrency {s['concurrency']}: {breakdown_line(s)}\n" for s in stages)
+            )
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
     failed = sum(not r.ok for run in runs for r in run.records)
     if failed:

@@ -405,8 +405,8 @@ fi
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   log "Stage 4: benchmark, ${sweep:-$num_tasks} concurrent tasks, $mode"
   prepare_benchmark
-  "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --model-name "$model" \
-    --mode "$mode" --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
+  "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --metrics-port "$metrics_port" \
+    --model-name "$model" --mode "$mode" --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
     --chunk-overlap-duration "$chunk_overlap" --log-dir "$log_dir" "${bench_extra[@]}"
 fi
 

@@ -35,6 +35,7 @@ from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
 from tritontts.llm.sequence import SamplingParams
 from tritontts.spark.service import RequestLimits, TokenBudget, check_reference_wav, check_text
+from tritontts.stage_timer import StageTimer
 from tritontts.triton.params import RequestError
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -96,6 +97,10 @@ Embed = Callable[[np.ndarray], np.ndarray]
 Generate = Callable[[np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
 GenerateChat = Callable[[str, str, np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
 Token2WavCall = Callable[[np.ndarray, Voice, "int | None", "bool | None", str], np.ndarray]
+FirstChunkStages = Callable[[dict[str, float]], None]
+FIRST_CHUNK_STAGES = ("frontend", "llm_first_token", "llm_chunk_tokens", "token2wav")
+"""A stream's first chunk: the voice (front-end models, or the voice cache), the LLM until its first token, the LLM
+until the chunk's tokens (hop + look-ahead) exist, and token2wav on them."""
 
 
 class CosyVoice2Service:
@@ -148,19 +153,24 @@ class CosyVoice2Service:
 
     def _speech(self, request: CosyVoice2Request, streaming: bool) -> tuple[Voice, Iterator[np.ndarray]]:
         voice = self.voice(request)
+        return voice, self._generate_for(voice, request, streaming)
+
+    def _generate_for(
+        self, voice: Voice, request: CosyVoice2Request, streaming: bool
+    ) -> Iterator[np.ndarray]:
         sampling = self.sampling
         if request.tokens is not None:
             sampling = replace(
                 sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
             )
         if self.generate_chat is not None:
-            return voice, self.generate_chat(
+            return self.generate_chat(
                 voice.text, request.target_text, voice.speech_tokens, sampling, streaming
             )
         prompt = np.asarray(
             self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens), dtype=np.int32
         )
-        return voice, self.generate(prompt, sampling, streaming)
+        return self.generate(prompt, sampling, streaming)
 
     def synthesize(self, request: CosyVoice2Request, request_id: str) -> np.ndarray:
         voice, pieces = self._speech(request, streaming=False)
@@ -169,22 +179,36 @@ class CosyVoice2Service:
             raise RuntimeError("the LLM generated no speech tokens")
         return self.token2wav(np.asarray(tokens, dtype=np.int32), voice, None, None, request_id)
 
-    def stream(self, request: CosyVoice2Request, request_id: str) -> Iterator[np.ndarray]:
+    def stream(
+        self, request: CosyVoice2Request, request_id: str, on_first_chunk: FirstChunkStages | None = None
+    ) -> Iterator[np.ndarray]:
         """Audio chunks to play back to back (token2wav cross-fades them itself), as upstream's BLS sends them.
 
         A chunk is vocoded once `token_offset + hop + pre_lookahead` tokens exist; the last call finalizes.
+        `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` before the first chunk is yielded.
         Closing this generator early closes the LLM stream, which cancels generation.
         """
-        voice, pieces = self._speech(request, streaming=True)
+        timer = StageTimer()
+        voice = self.voice(request)
+        timer.mark("frontend")
+        pieces = self._generate_for(voice, request, streaming=True)
         tokens: list[int] = []
         offset, index = 0, 0
         try:
             for ids in pieces:
+                if index == 0 and "llm_first_token" not in timer.stages:
+                    timer.mark("llm_first_token")
                 tokens += self.prompter.speech_tokens(ids.tolist())
                 while len(tokens) >= self.schedule.next_boundary(offset, index):
                     end = self.schedule.next_boundary(offset, index)
                     chunk = np.asarray(tokens[:end], dtype=np.int32)
-                    yield self.token2wav(chunk, voice, offset, False, request_id)
+                    if index == 0:
+                        timer.mark("llm_chunk_tokens")
+                    audio = self.token2wav(chunk, voice, offset, False, request_id)
+                    if index == 0 and on_first_chunk is not None:
+                        timer.mark("token2wav")
+                        on_first_chunk(timer.stages)
+                    yield audio
                     offset += self.schedule.hop_len(index)
                     index += 1
         finally:

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift
 from tritontts.cuda_graphs import FlowGraphConfig
+from tritontts.stage_timer import StageTimer, mark_on_device
 
 MEL_CACHE_FRAMES = 8
 TOKEN_MEL_RATIO = 2
@@ -124,6 +125,10 @@ class Token2WavCall:
     token_offset: int = 0
     finalize: bool = True
 
+    @property
+    def first_of_stream(self) -> bool:
+        return self.stream_id is not None and self.token_offset == 0 and not self.finalize
+
 
 class Token2Wav:
     """Owns a flow and a HiFT; batch 1, as upstream. `seed` makes the vocoder noise reproducible (None: torch's
@@ -203,9 +208,12 @@ class Token2Wav:
             "finalize": call.finalize,
         }
 
-    def run_many(self, calls: Sequence[Token2WavCall]) -> list[Tensor | ValueError]:
+    def run_many(
+        self, calls: Sequence[Token2WavCall], timer: StageTimer | None = None
+    ) -> list[Tensor | ValueError]:
         """Each call's audio (or its ValueError), the flows of all of them decoded in batches where the flow
-        can. Two calls of one stream run one after the other, in the order given."""
+        can. Two calls of one stream run one after the other, in the order given. `timer` gets the stages
+        "flow" and "vocoder", the GPU synchronized at each mark."""
         results: list[Tensor | ValueError | None] = [None] * len(calls)
         pending = list(range(len(calls)))
         while pending:
@@ -216,12 +224,16 @@ class Token2Wav:
                 (later if stream_id is not None and stream_id in seen else now).append(i)
                 if stream_id is not None:
                     seen.add(stream_id)
-            self._run_round([calls[i] for i in now], now, results)
+            self._run_round([calls[i] for i in now], now, results, timer)
             pending = later
         return results
 
     def _run_round(
-        self, calls: list[Token2WavCall], slots: list[int], results: list[Tensor | ValueError | None]
+        self,
+        calls: list[Token2WavCall],
+        slots: list[int],
+        results: list[Tensor | ValueError | None],
+        timer: StageTimer | None,
     ) -> None:
         requests: list[dict[str, Any] | ValueError] = []
         for call in calls:
@@ -231,6 +243,7 @@ class Token2Wav:
                 requests.append(err)
         with torch.inference_mode():
             mels = iter(self.flow.inference_many([r for r in requests if not isinstance(r, ValueError)]))
+            mark_on_device(timer, "flow", self.device)
             for call, slot, request in zip(calls, slots, requests):
                 mel = request if isinstance(request, ValueError) else next(mels)
                 if isinstance(mel, ValueError):
@@ -241,6 +254,7 @@ class Token2Wav:
                     results[slot] = self._audio(call, mel)
                 except ValueError as err:
                     results[slot] = err
+            mark_on_device(timer, "vocoder", self.device)
 
     def _audio(self, call: Token2WavCall, mel: Tensor) -> Tensor:
         if call.stream_id is None:

@@ -44,6 +44,7 @@ from tritontts.devices import resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, load_dit_flow
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
+from tritontts.stage_timer import StageTimer, mark_on_device
 from tritontts.voice_cache import VoiceCache, audio_key
 
 SPEECH_TOKENIZER_FILE = "speech_tokenizer_v2_25hz.onnx"
@@ -250,14 +251,20 @@ class DiTToken2Wav:
             )
 
     def stream(
-        self, request_id: str, speaker: DiTSpeaker, tokens: list[int] | np.ndarray, finalize: bool
+        self,
+        request_id: str,
+        speaker: DiTSpeaker,
+        tokens: list[int] | np.ndarray,
+        finalize: bool,
+        timer: StageTimer | None = None,
     ) -> np.ndarray:
         """The next piece of a request's audio (float32, 24 kHz).
 
         `tokens` is the chunk with its look-ahead tokens at the end (the next chunk starts with those again),
         or with `finalize` the rest of the utterance. The first call of a request id opens its state (from
         `speaker`, which every later call of the request must pass again), the finalize call returns the
-        withheld tail and frees it. Calls for one request id must not overlap.
+        withheld tail and frees it. Calls for one request id must not overlap. `timer` gets the stages "flow"
+        and "vocoder", the GPU synchronized at each mark.
         """
         ids = self._token_ids(tokens)
         with self._lock:
@@ -276,12 +283,14 @@ class DiTToken2Wav:
             flow_cache = flow_cache.trimmed(speaker.prompt_frames, ESTIMATOR_CACHE_TAIL)
             chunk_mel = chunk_mel.to(self.device, torch.float32)
             mel = chunk_mel if mel is None else torch.cat([mel, chunk_mel], dim=2)
+        mark_on_device(timer, "flow", self.device)
         if mel is None:
             self.cancel(request_id)
             return np.zeros(0, dtype=np.float32)
         speech, source = self._vocode(mel, state.source, state.generator)
         if state.speech is not None:
             speech = fade_in_out(speech, state.speech, self.speech_window)
+        mark_on_device(timer, "vocoder", self.device)
         if finalize:
             self.cancel(request_id)
             return speech[0].cpu().numpy()

@@ -26,6 +26,7 @@ from tritontts.cosyvoice2.wire import token2wav_arrays
 from tritontts.dit_token2wav.wire import dit_token2wav_arrays
 from tritontts.spark.service import RequestLimits, check_token_budget
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
+from tritontts.triton.metrics import StageSeconds
 from tritontts.triton.params import error_response, model_param, optional_input, string_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
@@ -71,6 +72,13 @@ class CosyVoice2Bls:
             model_param(config, "voice_cache_size", int, default=256),
             generate_chat=None if self.llm_http is None else self.llm_http.generate,
             flow_prompt=not dit,
+        )
+        self.first_chunks = StageSeconds(
+            pb_utils,
+            args["model_name"],
+            "tritontts_first_chunk_seconds_total",
+            "tritontts_first_chunks_total",
+            "streams' first chunks in the BLS",
         )
         self.runner = RequestRunner(model_param(config, "max_concurrent_requests", int, default=1))
 
@@ -141,7 +149,11 @@ class CosyVoice2Bls:
             return error_response(self.pb, err)
 
     def _stream(self, request: Any) -> None:
-        serve_stream(self.pb, request, lambda: self.service.stream(self._parse(request), uuid4().hex))
+        serve_stream(
+            self.pb,
+            request,
+            lambda: self.service.stream(self._parse(request), uuid4().hex, self.first_chunks.add),
+        )
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         return self.runner.execute(requests, self.decoupled, self._stream, self._offline)

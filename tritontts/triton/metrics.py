@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
@@ -24,3 +25,43 @@ class VoiceCacheCounters:
 
     def count(self, hit: bool, n: int = 1) -> None:
         (self.hits if hit else self.misses).increment(n)
+
+
+class StageSeconds:
+    """Summed stage durations `{seconds_name}{model, stage, ...}` and the count of timed events
+    `{count_name}{model, ...}`: a scraper's delta of one over the delta of the other is a mean per event."""
+
+    def __init__(self, pb_utils: Any, model_name: str, seconds_name: str, count_name: str, what: str) -> None:
+        counter = pb_utils.MetricFamily.COUNTER
+        self.seconds = pb_utils.MetricFamily(
+            name=seconds_name, description=f"seconds spent in each stage of {what}", kind=counter
+        )
+        self.count = pb_utils.MetricFamily(name=count_name, description=f"{what} timed", kind=counter)
+        self.model_name = model_name
+        self._metrics: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def _metric(self, family: Any, labels: dict[str, str]) -> Any:
+        key = (id(family), tuple(sorted(labels.items())))
+        if key not in self._metrics:
+            self._metrics[key] = family.Metric(labels=labels)
+        return self._metrics[key]
+
+    def add(self, stages: dict[str, float], **labels: str) -> None:
+        base = {"model": self.model_name, **labels}
+        with self._lock:
+            self._metric(self.count, base).increment(1)
+            for stage, seconds in stages.items():
+                self._metric(self.seconds, base | {"stage": stage}).increment(seconds)
+
+
+def token2wav_stage_seconds(pb_utils: Any, model_name: str) -> StageSeconds:
+    """Flow and vocoder seconds of a token2wav model's executes, labelled `chunk="first"` where every call of the
+    execute was a stream's first chunk."""
+    return StageSeconds(
+        pb_utils,
+        model_name,
+        "tritontts_token2wav_seconds_total",
+        "tritontts_token2wav_executions_total",
+        "token2wav executes",
+    )

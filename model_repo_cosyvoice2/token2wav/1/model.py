@@ -13,7 +13,9 @@ from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
 from tritontts.cosyvoice2.wire import Token2WavInputs, parse_token2wav_inputs
 from tritontts.cuda_graphs import flow_graph_config
 from tritontts.devices import resolve_device, resolve_flow_dtype
+from tritontts.stage_timer import StageTimer
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.metrics import token2wav_stage_seconds
 from tritontts.triton.params import error_response, model_param, optional_input
 
 INPUT_NAMES = (
@@ -39,6 +41,7 @@ class TritonPythonModel:
             device,
         )
         self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, flow_graphs=graphs)
+        self.stages = token2wav_stage_seconds(pb_utils, args["model_name"])
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
         self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))
 
@@ -63,8 +66,12 @@ class TritonPythonModel:
                 slots.append(i)
             except Exception as err:
                 outcomes[i] = err
-        for slot, result in zip(slots, self.model.run_many(calls)):
+        timer = StageTimer()
+        for slot, result in zip(slots, self.model.run_many(calls, timer)):
             outcomes[slot] = result
+        if calls:
+            first = all(call.first_of_stream for call in calls)
+            self.stages.add(timer.stages, chunk="first" if first else "other")
         responses = []
         for outcome in outcomes:
             if isinstance(outcome, Exception):

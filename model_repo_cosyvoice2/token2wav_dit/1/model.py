@@ -13,7 +13,9 @@ from tritontts.cuda_graphs import flow_graph_config
 from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
+from tritontts.stage_timer import StageTimer
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.metrics import token2wav_stage_seconds
 from tritontts.triton.params import RequestError, error_response, model_param, optional_input
 
 INPUT_NAMES = ("target_speech_tokens", "reference_wav", "reference_wav_len", "finalize")
@@ -29,6 +31,7 @@ class TritonPythonModel:
         self.model = DiTToken2Wav.from_model_dir(
             model_param(config, "model_dir"), device=device, dtype=dtype, flow_graphs=graphs
         )
+        self.stages = token2wav_stage_seconds(pb_utils, args["model_name"])
         self.limits = AudioLimits(
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
         )
@@ -36,17 +39,22 @@ class TritonPythonModel:
     def _audio(self, request):
         arrays = {name: optional_input(pb_utils, request, name) for name in INPUT_NAMES}
         inputs = parse_dit_token2wav_inputs(arrays, self.limits)
+        timer = StageTimer()
         speaker = self.model.prepare_speaker(inputs.reference_wav)
+        timer.mark("frontend")
         if inputs.finalize is None:
             return self.model.offline(inputs.tokens, speaker)
         stream_id = request.request_id()
         if not stream_id:
             raise RequestError("finalize", "needs a request id: a stream's calls are matched by it")
+        first = stream_id not in self.model.open_streams and not inputs.finalize
         try:
-            return self.model.stream(stream_id, speaker, inputs.tokens, inputs.finalize)
+            audio = self.model.stream(stream_id, speaker, inputs.tokens, inputs.finalize, timer)
         except Exception:
             self.model.cancel(stream_id)
             raise
+        self.stages.add(timer.stages, chunk="first" if first else "other")
+        return audio
 
     def execute(self, requests):
         responses = []

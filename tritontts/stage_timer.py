@@ -1,0 +1,30 @@
+"""Where a request's time goes: named stages, each lasting from the end of the one before."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StageTimer:
+    stages: dict[str, float] = field(default_factory=dict)
+    """seconds per stage, in the order they were first marked"""
+    last: float = field(default_factory=time.perf_counter)
+
+    def mark(self, stage: str) -> None:
+        """Ends `stage` now (a stage marked again adds to its time)."""
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self.last
+        self.last = now
+
+
+def mark_on_device(timer: StageTimer | None, stage: str, device: torch.device) -> None:
+    """Ends `stage` once the device has done its queued work (CUDA runs asynchronously); no timer: nothing."""
+    if timer is None:
+        return
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timer.mark(stage)
