@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import resolve_flow_dtype
@@ -128,6 +129,42 @@ def run_streams(t2w: Token2Wav, streams: int, prompt_tokens, prompt_feat, embedd
     }
 
 
+def compile_rows(t2w: Token2Wav, frames_list: list[int], dtype: torch.dtype, reps: int) -> list[dict]:
+    """The estimator compiled by torch.compile (inductor, static shapes) inside the same graph, against the plain
+    one: a streaming batch-1 graph per frame count, the time to compile and capture it, and the mel difference."""
+    cfm, steps = t2w.flow.decoder, t2w.flow.config.cfm.n_timesteps
+    plain = cfm.estimator
+    rows = []
+    for frames in frames_list:
+        config = FlowGraphConfig(buckets=(frames,), batch_sizes=(1,), streaming=(True,))
+        inputs = decoder_inputs(1, frames, dtype)
+        with torch.inference_mode():
+            base = GraphedCFM(cfm, steps, config)
+            base.capture()
+            base_mel = base(*inputs, steps, True).clone()
+            base_ms = median_ms(lambda g=base, x=inputs: g(*x, steps, True), reps)
+            torch._dynamo.reset()
+            cfm.estimator = torch.compile(plain, dynamic=False)
+            start = time.perf_counter()
+            compiled = GraphedCFM(cfm, steps, config)
+            compiled.capture()
+            warmup_s = time.perf_counter() - start
+            mel = compiled(*inputs, steps, True)
+            compiled_ms = median_ms(lambda g=compiled, x=inputs: g(*x, steps, True), reps)
+            cfm.estimator = plain
+        row = {
+            "frames": frames,
+            "graphed_ms": round(base_ms, 2),
+            "graphed_compiled_ms": round(compiled_ms, 2),
+            "speedup": round(base_ms / compiled_ms, 2),
+            "compile_and_capture_s": round(warmup_s, 1),
+            "max_abs_diff": float((mel - base_mel).abs().max()),
+        }
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path)
@@ -135,6 +172,13 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("flow_graphs.json"))
     parser.add_argument("--streams", type=lambda v: [int(n) for n in v.split(",")], default=[1, 4, 16])
+    parser.add_argument(
+        "--compile-frames",
+        type=lambda v: [int(n) for n in v.split(",") if n],
+        default=[],
+        help="also time the estimator under torch.compile at these padded frame counts (about a minute each)",
+    )
+    parser.add_argument("--compile-only", action="store_true", help="only the --compile-frames comparison")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
@@ -143,6 +187,16 @@ def main() -> int:
     dtype = resolve_flow_dtype(args.dtype, device)
     model_dir = args.model_dir or write_full_token2wav(Path(tempfile.mkdtemp()))
     t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
+    if args.compile_only:
+        result = {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "command": " ".join(sys.argv),
+            "flow_dtype": str(dtype),
+            "compiled_estimator": compile_rows(t2w, args.compile_frames, dtype, args.reps),
+        }
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     flow, steps = t2w.flow, t2w.flow.config.cfm.n_timesteps
     graph_config = FlowGraphConfig(batch_sizes=(1, 2, 4, 8, 16))  # the default buckets and memory limit
     report = flow.use_cuda_graphs(graph_config)
@@ -238,6 +292,8 @@ def main() -> int:
         result["eager"]["first_chunk_ms"] / result["graphed"]["first_chunk_ms"], 2
     )
     result["graph_calls"] = dict(graphed.calls)
+    if args.compile_frames:
+        result["compiled_estimator"] = compile_rows(t2w, args.compile_frames, dtype, args.reps)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return 0
