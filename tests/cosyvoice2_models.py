@@ -53,7 +53,7 @@ def build_cosyvoice2_models(repo: Path, data: Path) -> None:
         "token2wav",
         repo,
         PREFIX + "token2wav",
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,cuda_graph_batch_sizes:1\\,2",
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,instance_num:1,cuda_graph_batch_sizes:1\\,2",
     )
     for llm, slots in LLM_SLOTS.items():
         install_template(

@@ -67,6 +67,21 @@ def model_param(
         ) from err
 
 
+def instance_count(model_config: Mapping) -> int:
+    """How many instances of the model its config asks for (all instance groups together)."""
+    return sum(int(group.get("count", 1)) for group in model_config.get("instance_group") or [{}])
+
+
+def single_instance_stream(instances: int, field: str) -> None:
+    """Stream calls keep their state in one instance: a model with several refuses them, naming `field`."""
+    if instances > 1:
+        raise RequestError(
+            field,
+            f"stream calls need a model with one instance (this one has {instances}; a stream's state lives in "
+            "the instance that served its first call); several instances serve whole utterances only",
+        )
+
+
 def optional_input(
     pb_utils: Any, request: Any, name: str, dtype: Any = None, ndim: int | None = None
 ) -> np.ndarray | None:

@@ -16,7 +16,13 @@ from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.stage_timer import StageTimer
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import token2wav_stage_seconds
-from tritontts.triton.params import error_response, model_param, optional_input
+from tritontts.triton.params import (
+    error_response,
+    instance_count,
+    model_param,
+    optional_input,
+    single_instance_stream,
+)
 
 INPUT_NAMES = (
     "target_speech_tokens",
@@ -42,6 +48,7 @@ class TritonPythonModel:
         )
         self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, flow_graphs=graphs)
         self.stages = token2wav_stage_seconds(pb_utils, args["model_name"])
+        self.instances = instance_count(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
         self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))
 
@@ -51,6 +58,7 @@ class TritonPythonModel:
         prompt = (inputs.target, inputs.prompt_tokens, inputs.prompt_feat, inputs.embedding)
         if inputs.token_offset is None:
             return Token2WavCall(*prompt)
+        single_instance_stream(self.instances, "token_offset")
         stream_id = request.request_id()
         if not stream_id:
             raise ValueError("token_offset needs a request id: a stream's calls are matched by it")

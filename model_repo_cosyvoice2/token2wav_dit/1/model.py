@@ -16,7 +16,14 @@ from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
 from tritontts.stage_timer import StageTimer
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import token2wav_stage_seconds
-from tritontts.triton.params import RequestError, error_response, model_param, optional_input
+from tritontts.triton.params import (
+    RequestError,
+    error_response,
+    instance_count,
+    model_param,
+    optional_input,
+    single_instance_stream,
+)
 
 INPUT_NAMES = ("target_speech_tokens", "reference_wav", "reference_wav_len", "finalize")
 
@@ -32,6 +39,7 @@ class TritonPythonModel:
             model_param(config, "model_dir"), device=device, dtype=dtype, flow_graphs=graphs
         )
         self.stages = token2wav_stage_seconds(pb_utils, args["model_name"])
+        self.instances = instance_count(config)
         self.limits = AudioLimits(
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
         )
@@ -44,6 +52,7 @@ class TritonPythonModel:
         timer.mark("frontend")
         if inputs.finalize is None:
             return self.model.offline(inputs.tokens, speaker)
+        single_instance_stream(self.instances, "finalize")
         stream_id = request.request_id()
         if not stream_id:
             raise RequestError("finalize", "needs a request id: a stream's calls are matched by it")
