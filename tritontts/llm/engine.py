@@ -137,7 +137,7 @@ class LLMEngine:
             finished += self._retire(self._deliver(admitted, tokens.tolist()))
         running = self.scheduler.running
         if running:
-            tokens = self.runner.decode(len(running)).tolist()
+            tokens = self.runner.decode(len(running), max(s.length for s in running)).tolist()
             finished += self._retire(self._deliver(list(running), tokens))
         return finished
 

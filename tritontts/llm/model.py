@@ -84,10 +84,9 @@ class Context:
     cos: torch.Tensor  # [B, L, 1, head_dim]
     sin: torch.Tensor
     positions: torch.Tensor  # [B, L]
-    mask: torch.Tensor  # [B, 1, groups * L, keys]
+    mask: torch.Tensor  # [B, 1, groups * L, keys]: keys is how many cached positions are read
     rows: torch.Tensor  # [B, 1] cache rows written
     slots: slice | None  # cache rows read (None for a fresh prefill)
-    kv_len: int
     real: torch.Tensor | None  # [B, L, 1, 1] for right-padded prompts
 
 
@@ -115,7 +114,8 @@ def attention_block(
     if ctx.slots is None:  # a fresh prefill: its keys are all there is (padding is masked)
         keys, values = k.transpose(1, 2), v.transpose(1, 2)
     else:
-        keys, values = k_cache[ctx.slots, :, : ctx.kv_len], v_cache[ctx.slots, :, : ctx.kv_len]
+        kv_len = ctx.mask.shape[-1]  # a size, not an int argument: torch.compile may keep it dynamic
+        keys, values = k_cache[ctx.slots, :, :kv_len], v_cache[ctx.slots, :, :kv_len]
     # Grouped-query attention without copying the cache: the query heads that share a KV head become
     # extra query rows of that head.
     q = q.view(batch, length, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
@@ -250,7 +250,7 @@ class Qwen2ForCausalLM(nn.Module):
                 *input_ids.shape, 1, 1
             )
         mask = visible.unsqueeze(1).unsqueeze(1).expand(-1, -1, groups, -1, -1).flatten(2, 3)
-        return Context(cos, sin, positions, mask, rows, None if fresh else slots, kv_len, real)
+        return Context(cos, sin, positions, mask, rows, None if fresh else slots, real)
 
     def head(
         self,
