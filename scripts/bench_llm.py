@@ -13,7 +13,9 @@ import json
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +57,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--profile", action="store_true", help="kernels of a replayed decode step (CUDA)")
+    parser.add_argument(
+        "--reference", action="store_true", help="then run scripts/bench_llm_reference.py (same sizes)"
+    )
     parser.add_argument("--output", default="bench_llm.json")
     args = parser.parse_args()
     args.prompt_len = args.prompt_len or (32 if args.tiny else 300)
@@ -272,6 +277,40 @@ def target_checks(ours: dict, hf: dict) -> dict:
     return checks
 
 
+def run_reference(args) -> dict:
+    """The reference script in its own process (its own compile caches and GPU memory), same sizes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "reference.json"
+        command = [
+            sys.executable,
+            str(Path(__file__).with_name("bench_llm_reference.py")),
+            *("--device", args.device, "--preset", "tiny" if args.tiny else "full"),
+            *("--batch-sizes", args.batch_sizes, "--prompt-len", str(args.prompt_len)),
+            *(
+                "--gen-len",
+                str(args.gen_len),
+                "--max-seq-len",
+                str(args.max_seq_len),
+                "--output",
+                str(output),
+            ),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            return {"error": done.stderr[-2000:]}
+        return json.loads(output.read_text())
+
+
+def reference_checks(ours: dict, reference: dict) -> dict:
+    checks = {}
+    for key, entry in reference.items():
+        if key.startswith("batch_") and key in ours:
+            ratio = ours[key]["decode_ms_per_step_median"] / entry["decode_ms_per_step_median"]
+            checks[f"decode_{key}_over_reference"] = ratio
+            checks[f"decode_{key}_below_reference"] = ratio < 1
+    return checks
+
+
 def main() -> None:
     args = parse_args()
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
@@ -299,6 +338,10 @@ def main() -> None:
     runner_info = {"decode_graphs": len(engine.runner.graphs), "kv_buckets": engine.runner.kv_lengths}
     del engine
     hf_results = bench_hf(hf, args, device, vocab) if hf is not None else {}
+    del hf
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    reference = run_reference(args) if args.reference else {}
     import transformers
 
     report = {
@@ -319,7 +362,8 @@ def main() -> None:
         "ours": ours,
         "transformers_generate": hf_results,
         "targets": TARGETS,
-        "checks": target_checks(ours, hf_results),
+        "reference": reference,
+        "checks": target_checks(ours, hf_results) | reference_checks(ours, reference),
     }
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["checks"], indent=2))
