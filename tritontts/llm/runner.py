@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -59,6 +60,19 @@ def prefill_buckets(max_seq_len: int) -> list[int]:
 
 def bucket_of(buckets: list[int], n: int) -> int:
     return buckets[bisect.bisect_left(buckets, n)]
+
+
+@dataclass
+class PendingTokens:
+    """A decode step's tokens on their way to the host: copied into pinned memory behind the step."""
+
+    host: torch.Tensor
+    event: torch.cuda.Event | None
+
+    def wait(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 class ModelRunner:
@@ -112,6 +126,9 @@ class ModelRunner:
         self.prefill_slot = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.prefill_token = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.prefill_positions = torch.arange(widest, device=self.device).unsqueeze(0)
+        pinned = self.device.type == "cuda"
+        self.host_tokens = [torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pinned) for _ in "ab"]
+        self.host_turn = 0
         self.compiled = compile
         self.layer_fn = decoder_layer
         self.finish_fn = self._finish
@@ -227,6 +244,20 @@ class ModelRunner:
         else:
             self._decode_step(batch, keys)
         return self.state.last_token[:n]
+
+    def decode_async(self, n: int, kv_len: int | None = None) -> PendingTokens:
+        """`decode`, then its tokens copied to the host without waiting: the caller may queue more work
+        (the next step) before it reads them. Two host buffers: read a step's tokens before the one after
+        the next is queued."""
+        tokens = self.decode(n, kv_len)
+        host = self.host_tokens[self.host_turn][:n]
+        self.host_turn ^= 1
+        host.copy_(tokens, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return PendingTokens(host, event)
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
