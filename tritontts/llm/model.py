@@ -61,11 +61,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Softmax attention written out (softmax in fp32): for one query row per head, SDPA's fused kernels
-    (cuDNN's, with a mask) were slower on an H100 than these two small matmuls."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """Softmax attention written out (softmax in fp32), keys where `blocked` is true left out: for one query
+    row per head, SDPA's fused kernels (cuDNN's, with a mask) were slower on an H100 than two small matmuls."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(blocked, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
@@ -84,7 +84,9 @@ class Context:
     cos: torch.Tensor  # [B, L, 1, head_dim]
     sin: torch.Tensor
     positions: torch.Tensor  # [B, L]
-    mask: torch.Tensor  # [B, 1, groups * L, keys]: keys is how many cached positions are read
+    blocked: (
+        torch.Tensor
+    )  # [B, 1, groups * L or 1, keys]: keys no query may see; keys = cached positions read
     rows: torch.Tensor  # [B, 1] cache rows written
     slots: slice | None  # cache rows read (None for a fresh prefill)
     real: torch.Tensor | None  # [B, L, 1, 1] for right-padded prompts
@@ -114,13 +116,13 @@ def attention_block(
     if ctx.slots is None:  # a fresh prefill: its keys are all there is (padding is masked)
         keys, values = k.transpose(1, 2), v.transpose(1, 2)
     else:
-        kv_len = ctx.mask.shape[-1]  # a size, not an int argument: torch.compile may keep it dynamic
+        kv_len = ctx.blocked.shape[-1]  # a size, not an int argument: torch.compile may keep it dynamic
         keys, values = k_cache[ctx.slots, :, :kv_len], v_cache[ctx.slots, :, :kv_len]
     # Grouped-query attention without copying the cache: the query heads that share a KV head become
     # extra query rows of that head.
     q = q.view(batch, length, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(batch, kv_heads, groups * length, dim)
-    out = attention(q, keys, values, ctx.mask)
+    out = attention(q, keys, values, ctx.blocked)
     out = out.view(batch, kv_heads, groups, length, dim).permute(0, 3, 1, 2, 4)
     return out.reshape(batch, length, heads * dim)
 
@@ -204,13 +206,20 @@ class Qwen2ForCausalLM(nn.Module):
         )
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        self.rope_typed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.index: torch.Tensor | None = None
 
     def init_rope(self, max_positions: int) -> None:
-        """Tables only grow, so a shorter runner of the same model can share them."""
+        """Tables only grow, so a shorter runner of the same model can share them. Besides the fp32 tables,
+        copies in the model's dtype and `0, 1, ...` for index views, so a forward launches fewer kernels."""
         if self.rope_cos is None or self.rope_cos.shape[0] < max_positions:
             self.rope_cos, self.rope_sin = rope_tables(
                 self.config, max_positions, self.model.norm.weight.device
             )
+            self.index = torch.arange(max_positions, device=self.rope_cos.device)
+        dtype = self.model.embed_tokens.weight.dtype
+        if self.rope_typed is None or self.rope_typed[0].shape != self.rope_cos.shape:
+            self.rope_typed = (self.rope_cos.to(dtype), self.rope_sin.to(dtype))
 
     def lm_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -230,27 +239,29 @@ class Qwen2ForCausalLM(nn.Module):
         fresh: bool = False,
     ) -> Context:
         """Rope rows, attention mask and cache rows of one forward (see `forward`)."""
-        device = input_ids.device
         dtype = self.model.embed_tokens.weight.dtype
-        cos = self.rope_cos[positions].to(dtype).unsqueeze(2)
-        sin = self.rope_sin[positions].to(dtype).unsqueeze(2)
+        cos_table, sin_table = self.rope_typed
+        if cos_table.dtype != dtype:  # the model changed dtype after init_rope
+            cos_table, sin_table = cos_table.to(dtype), sin_table.to(dtype)
+        cos, sin = cos_table[positions].unsqueeze(2), sin_table[positions].unsqueeze(2)
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        length = input_ids.shape[1]
         if isinstance(slots, torch.Tensor):
             if not fresh:
                 raise ValueError("cache rows given as a tensor need fresh=True")
             rows = slots.view(-1, 1)
         else:
-            rows = torch.arange(slots.start, slots.stop, device=device).unsqueeze(1)
-        keys = torch.arange(input_ids.shape[1] if fresh else kv_len, device=device)
-        visible = keys <= positions.unsqueeze(-1)
+            rows = self.index[slots].unsqueeze(1)
+        keys = self.index[: length if fresh else kv_len]
+        blocked = keys > positions.unsqueeze(-1)
         real = None
         if lengths is not None:
-            visible = visible & (keys < lengths.view(-1, 1, 1))
-            real = (torch.arange(input_ids.shape[1], device=device) < lengths.unsqueeze(1)).view(
-                *input_ids.shape, 1, 1
-            )
-        mask = visible.unsqueeze(1).unsqueeze(1).expand(-1, -1, groups, -1, -1).flatten(2, 3)
-        return Context(cos, sin, positions, mask, rows, None if fresh else slots, real)
+            blocked = blocked | (keys >= lengths.view(-1, 1, 1))
+            real = (self.index[:length] < lengths.unsqueeze(1)).view(*input_ids.shape, 1, 1)
+        blocked = blocked.unsqueeze(1)  # [B, 1, L, keys]
+        if length > 1:  # query rows are (group, position): one row of the mask per row
+            blocked = blocked.unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(2, 3)
+        return Context(cos, sin, positions, blocked, rows, None if fresh else slots, real)
 
     def head(
         self,

@@ -101,7 +101,8 @@ class ModelRunner:
         self.max_prefill_tokens = max_prefill_tokens
         config = model.config
         model.init_rope(max_seq_len)
-        self.rope_tables = (model.rope_cos, model.rope_sin)  # what this runner's CUDA graphs read stays alive
+        # What this runner's CUDA graphs read stays alive, should the model grow its tables for another.
+        self.rope_tables = (model.rope_typed, model.index)
         self.cache = KVCache(config, max_batch_size, max_seq_len, self.device, self.dtype)
         self.state = SlotState(max_batch_size, config.vocab_size, self.device)
         self.shape = model.layer_shape
@@ -271,7 +272,7 @@ class ModelRunner:
         tokens, positions = state.last_token[:batch].unsqueeze(1), state.position[:batch].unsqueeze(1)
         ctx = self.model.context(tokens, positions, slice(0, batch), kv_len)
         if self.compiled:
-            torch._dynamo.maybe_mark_dynamic(ctx.mask, 3)  # one compiled layer for every key length
+            torch._dynamo.maybe_mark_dynamic(ctx.blocked, 3)  # one compiled layer for every key length
         x, delta = self.model.model.embed_tokens(tokens), None
         for weights, k_cache, v_cache in zip(self.weights, self.cache.k, self.cache.v):
             x, delta = self.layer_fn(self.shape, weights, x, delta, k_cache, v_cache, ctx)
