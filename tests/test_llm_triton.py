@@ -1,13 +1,13 @@
 """Our engine behind the tensorrt_llm contract on the real tritonserver (CPU)."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from spark_models import LLM_SLOTS, build_spark_models
+from triton_stats import inference_count, inference_count_at_least
 from triton_stream import Stream, make_inputs
 from tritonclient.utils import np_to_triton_dtype
 
@@ -151,8 +151,11 @@ def test_offline_requests_join_a_running_generation_and_finish_first(server, eng
         threading.Thread(target=call, args=(i, grpc_infer, server.grpc_url, request(ids, m, s, False)))
         for i, (ids, m, s) in enumerate(shorts)
     ]
+    before = inference_count(server, "tensorrt_llm_offline")
     threads[0].start()
-    time.sleep(0.3)  # orders the sends only: the long one is on the server before the short ones leave
+    # The short ones leave once the long one is on the server: its execute has returned (the old execute,
+    # which returned with the whole batch's tokens, made this wait last until the long one had finished).
+    inference_count_at_least(server, "tensorrt_llm_offline", before + 1, timeout=60)
     for thread in threads[1:]:
         thread.start()
     for thread in threads:
