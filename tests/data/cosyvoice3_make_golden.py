@@ -30,7 +30,7 @@ import torch
 STUBBED = ("conformer", "diffusers", "lightning", "hydra", "rich", "rootutils", "gdown", "wget", "torchaudio",
            "matplotlib", "matcha.data", "matcha.utils.instantiators", "matcha.utils.logging_utils",
            "matcha.utils.rich_utils", "matcha.utils.utils", "matcha.models.components.decoder",
-           "matcha.models.components.transformer")  # fmt: skip
+           "matcha.models.components.transformer", "whisper", "tiktoken")  # fmt: skip
 
 
 class _Stub(types.ModuleType):
@@ -60,6 +60,7 @@ sys.meta_path.insert(0, _StubFinder())
 from hyperpyyaml import load_hyperpyyaml  # noqa: E402
 
 from tritontts.synthetic.cosyvoice3 import write_cosyvoice3_token2wav  # noqa: E402
+from tritontts.synthetic.cosyvoice3_llm import write_cosyvoice3_llm_files  # noqa: E402
 
 DATA = Path(__file__).parent
 NOISE_HEAD = 1200
@@ -80,6 +81,34 @@ def upstream_modules(model_dir: Path):
     return flow.eval(), hift.eval()
 
 
+LLM_REFERENCE_TEXT = "You are a helpful assistant.<|endofprompt|>Hello there, [breath] nice to meet you."
+LLM_TARGET_TEXT = " 八百标兵奔北坡 [laughter] ok"
+
+
+def upstream_llm(model_dir: Path) -> dict[str, np.ndarray]:
+    """CosyVoice3LM built from the yaml around our BlankEN, llm.pt loaded strictly; the first decoding step's
+    logits for a prompt, and the text ids its tokenizer gives."""
+    with open(model_dir / "cosyvoice3.yaml") as f:
+        configs = load_hyperpyyaml(f, overrides={"qwen_pretrain_path": str(model_dir / "CosyVoice-BlankEN"),
+                                                 "flow": None, "hift": None})  # fmt: skip
+    llm = configs["llm"].float()  # transformers 5 loads BlankEN in its bf16; upstream's pinned 4.51 in fp32
+    llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)
+    llm.eval()
+    tokenizer = configs["get_tokenizer"]()
+    text_ids = tokenizer.encode(LLM_REFERENCE_TEXT + LLM_TARGET_TEXT, allowed_special="all")
+    prompt_speech = torch.arange(40, 60, dtype=torch.int64)[None]
+    with torch.inference_mode():
+        text_emb = llm.llm.model.model.embed_tokens(torch.tensor([text_ids]))
+        sos = llm.speech_embedding.weight[llm.sos].reshape(1, 1, -1)
+        task = llm.speech_embedding.weight[llm.task_id].reshape(1, 1, -1)
+        lm_input = torch.cat([sos, text_emb, task, llm.speech_embedding(prompt_speech)], dim=1)
+        masks = torch.tril(torch.ones((1, lm_input.shape[1], lm_input.shape[1]))).to(torch.bool)
+        hidden, _ = llm.llm.forward_one_step(lm_input, masks=masks, cache=None)
+        logits = llm.llm_decoder(hidden[:, -1])
+    return {"llm_text_ids": np.asarray(text_ids, dtype=np.int64), "llm_prompt_speech": prompt_speech[0].numpy(),
+            "llm_logits": logits[0].numpy()}  # fmt: skip
+
+
 def keys_of(module: torch.nn.Module) -> list[list]:
     return [[k, list(v.shape)] for k, v in module.state_dict().items()]
 
@@ -96,6 +125,7 @@ def main() -> None:
 
         model_dir = write_cosyvoice3_token2wav(Path(tmp) / "tiny", "tiny", seed=0)
         flow, hift = upstream_modules(model_dir)
+        out.update(upstream_llm(write_cosyvoice3_llm_files(model_dir, "tiny", seed=0)))
     sine_noise = hift.m_source.l_sin_gen.sine_waves
     out["source_noise_head"] = sine_noise[0, :NOISE_HEAD].numpy()
     out["source_noise_far"] = sine_noise[0, NOISE_FAR : NOISE_FAR + NOISE_HEAD].numpy()
