@@ -1,0 +1,95 @@
+"""run.sh --model cosyvoice3 on CPU: stages 0-5 from the tiny synthetic checkpoint to WAV files and a benchmark
+summary (the LLM inside Triton), the repository stage 2 fills, and stage 7's repository for upstream's topology
+(the BLS asking an OpenAI-compatible LLM server) without starting it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import soundfile
+from test_run_sh import ROOT, _parameters, _parse_repo, run_sh
+
+from tritontts.triton.server import free_ports
+
+pytestmark = pytest.mark.slow
+MODELS = {"cosyvoice3", "audio_tokenizer", "speaker_embedding", "token2wav", "vocoder"}
+
+
+@pytest.mark.parametrize("mode, stages", [("offline", ("0", "5")), ("streaming", ("2", "5"))])
+def test_stages_leave_wavs_and_a_summary(tmp_path_factory, bench_data, mode, stages):
+    exp = tmp_path_factory.getbasetemp() / "exp_cosyvoice3"
+    ports = free_ports(3)
+    options = ["--model", "cosyvoice3", "--model_source", "synthetic-tiny", "--max_new_tokens", "300",
+               "--realistic_lengths", "true", "--num_tasks", "2", "--dataset", str(bench_data),
+               "--reference_audio", str(ROOT.parent / "shared/data/prompt_zh.wav")]  # fmt: skip
+    try:
+        done = run_sh(*stages, mode, *options, exp=exp, ports=ports, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finally:
+        run_sh("stop", "--model", "cosyvoice3", exp=exp, ports=ports)
+    home = exp / "cosyvoice3"
+    (run,) = json.loads((home / f"log_{mode}_tasks_2" / "summary.json").read_text())["runs"]
+    assert (run["mode"], run["succeeded"], run["failed"]) == (mode, 4, 0)
+    for wav in (home / f"log_{mode}_tasks_2").rglob("*.wav"):
+        info = soundfile.info(wav)
+        assert info.samplerate == 24000 and info.frames % 960 == 0 and info.frames > 0
+    (single,) = (home / f"single_{mode}").glob("*.wav")
+    assert soundfile.info(single).frames % 960 == 0
+
+
+def test_stages_2_and_7_fill_repositories_for_both_llm_placements(tmp_path):
+    exp = tmp_path / "exp"
+    base = [
+        "--model",
+        "cosyvoice3",
+        "--model_source",
+        "synthetic-tiny",
+        "--exp_dir",
+        str(exp),
+        "--python",
+        sys.executable,
+    ]
+    import subprocess
+
+    def run(*args: str) -> None:
+        done = subprocess.run(
+            ["bash", "run.sh", *args, *base], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    base += ["--token2wav_instance_num", "2"]
+    run("0", "2", "streaming")
+    run("7", "7", "streaming", "--disagg_start", "false", "--llm_port", "8123")
+    checkpoint = (exp / "cosyvoice3" / "checkpoint").resolve()
+    inside = _parse_repo(exp / "cosyvoice3" / "model_repo_torch_streaming")
+    assert set(inside) == MODELS | {"tensorrt_llm"}
+    behind = _parse_repo(exp / "cosyvoice3" / "model_repo_disagg_streaming")
+    assert set(behind) == MODELS
+    for parsed, llm_model, endpoint in (
+        (inside, "tensorrt_llm", ""),
+        (behind, "none", "http://127.0.0.1:8123/v1/chat/completions"),
+    ):
+        bls = _parameters(parsed["cosyvoice3"])
+        assert bls["model_dir"] == str(checkpoint / "Fun-CosyVoice3-0.5B-2512")
+        assert bls["llm_tokenizer_dir"] == str(checkpoint / "hf_cosyvoice3_llm")
+        assert (bls["tensorrt_llm_model"], bls["llm_api_base"], bls["max_new_tokens"]) == (
+            llm_model,
+            endpoint,
+            "750",
+        )
+        assert parsed["cosyvoice3"].model_transaction_policy.decoupled
+        assert parsed["token2wav"].instance_group[0].count == 2  # stateless: streaming takes several
+        assert _parameters(parsed["audio_tokenizer"])["tokenizer_file"] == "speech_tokenizer_v3.onnx"
+        for name in MODELS - {"cosyvoice3"}:
+            assert _parameters(parsed[name])["model_dir"] == bls["model_dir"]
+    for name in ("audio_tokenizer", "speaker_embedding"):
+        model_py = exp / "cosyvoice3" / "model_repo_torch_streaming" / name / "1" / "model.py"
+        assert model_py.is_file() and not model_py.is_symlink()
+
+
+@pytest.mark.parametrize(("stages", "message"), [(("9", "9"), "stage 9"), (("10", "10"), "stage 10")])
+def test_stages_without_a_cosyvoice3_pipeline_say_so(tmp_path, stages, message):
+    done = run_sh(*stages, "--model", "cosyvoice3", exp=tmp_path, ports=free_ports(3))
+    assert done.returncode == 2 and message in done.stderr
