@@ -530,10 +530,6 @@ if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then
     --chunk-overlap-duration "$chunk_overlap" --log-dir "$disagg_log_dir" "${bench_extra[@]}"
 fi
 
-if [ "$stage" -le 9 ] && [ "$stop_stage" -ge 9 ] && [ "$model" = cosyvoice3 ]; then
-  echo "run.sh: stage 9 (offline_inference.py) has no cosyvoice3 pipeline yet: use stages 2-4 in offline mode" >&2
-  exit 2
-fi
 if [ "$stage" -le 9 ] && [ "$stop_stage" -ge 9 ]; then
   log "Stage 9: offline_inference.py ($model, LLM $offline_backend), batch sizes $offline_batch_sizes, into $model_home/log_offline_inference"
   prepare_benchmark
