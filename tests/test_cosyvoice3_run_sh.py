@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import soundfile
@@ -93,3 +94,32 @@ def test_stages_2_and_7_fill_repositories_for_both_llm_placements(tmp_path):
 def test_stage_10_has_no_cosyvoice3_pipeline_and_says_so(tmp_path):
     done = run_sh("10", "10", "--model", "cosyvoice3", exp=tmp_path, ports=free_ports(3))
     assert done.returncode == 2 and "stage 10" in done.stderr
+
+
+def test_stages_7_8_serve_upstreams_topology(tmp_path, bench_data):
+    """The LLM behind our OpenAI-compatible server and one tritonserver whose BLS streams from it (upstream's
+    run_cosyvoice3.sh stages 3-4 on one device), benchmarked by stage 8."""
+    exp = tmp_path / "exp"
+    llm_port, http, grpc, metrics = free_ports(4)
+    options = ["--model", "cosyvoice3", "--model_source", "synthetic-tiny", "--llm_device", "cpu",
+               "--llm_cuda_graphs", "false", "--model_device", "cpu", "--llm_gpus", "0", "--token2wav_gpus", "0",
+               "--instances_per_gpu", "1", "--llm_port", str(llm_port), "--disagg_http_base_port", str(http - 1),
+               "--disagg_grpc_base_port", str(grpc - 1), "--disagg_metrics_base_port", str(metrics - 1),
+               "--llm_server_max_batch_size", "2", "--llm_max_seq_len", "1024", "--num_tasks", "2",
+               "--realistic_lengths", "true", "--max_new_tokens", "300", "--dataset", str(bench_data),
+               "--server_timeout", "180"]  # fmt: skip
+    home = exp / "cosyvoice3"
+    try:
+        done = run_sh("0", "0", *options, exp=exp, ports=free_ports(3))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        done = run_sh("7", "8", "streaming", *options, exp=exp, ports=free_ports(3), timeout=900)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        state = json.loads((home / "disagg" / "state.json").read_text())
+    finally:
+        run_sh("stop", "--model", "cosyvoice3", exp=exp, ports=free_ports(3), timeout=120)
+    assert state["llm"]["chat_url"] == f"http://127.0.0.1:{llm_port}/v1/chat/completions"
+    bls = _parameters(_parse_repo(Path(state["model_repo"]))["cosyvoice3"])
+    assert (bls["llm_api_base"], bls["tensorrt_llm_model"]) == (state["llm"]["chat_url"], "none")
+    summaries = list(home.glob("log_disagg_streaming_tasks_2/summary.json"))
+    (run,) = json.loads(summaries[0].read_text())["runs"]
+    assert (run["succeeded"], run["failed"]) == (4, 0)
