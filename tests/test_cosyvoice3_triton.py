@@ -163,6 +163,24 @@ def test_streaming_chunks_follow_upstreams_schedule_and_add_up(server, reference
     assert joined.size == count * SAMPLES_PER_TOKEN and audible(joined)
 
 
+def test_upstream_client_http_json_with_padded_audio(server, reference):
+    """upstream client_http.py's body: JSON data, the audio zero-padded to 10 s with its true length beside it."""
+    padded = np.zeros((1, 160000), dtype=np.float32)
+    padded[0, : reference.size] = reference
+    inputs = [
+        {"name": "reference_wav", "shape": [1, 160000], "datatype": "FP32", "data": padded.tolist()},
+        {"name": "reference_wav_len", "shape": [1, 1], "datatype": "INT32", "data": [[reference.size]]},
+        {"name": "reference_text", "shape": [1, 1], "datatype": "BYTES", "data": [REFERENCE_TEXT]},
+        {"name": "target_text", "shape": [1, 1], "datatype": "BYTES", "data": [TARGET]},
+    ]
+    body = {"inputs": inputs, "parameters": tokens(20)}
+    response = httpx.post(f"http://{server.http_url}/v2/models/{OFFLINE}/infer", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    audio = np.asarray(response.json()["outputs"][0]["data"], dtype=np.float32)
+    assert audio.size == 20 * SAMPLES_PER_TOKEN and audible(audio)
+    assert np.array_equal(audio, offline(server, request(reference), 20))
+
+
 def test_reference_audio_without_text_is_upstreams_system_prompt_alone(server, reference):
     audio = offline(server, request(reference, reference_text=None), 12)
     assert audio.size == 12 * SAMPLES_PER_TOKEN and audible(audio)
