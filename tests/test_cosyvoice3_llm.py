@@ -106,6 +106,19 @@ def test_system_prompt_forms() -> None:
     assert prompt_text(instruct, "x") == f"<|sos|>{instruct}x<|task_id|>"
 
 
+def test_cross_lingual_and_instruct_forms_leave_the_speech_prompt_out(prompter: CosyVoice3Prompt) -> None:
+    encode = prompter.tokenizer.encode
+    ids = prompter.cross_lingual_ids("Hello.")
+    assert ids == encode("<|sos|>You are a helpful assistant.<|endofprompt|>Hello.<|task_id|>").ids
+    assert not any(prompter.ids.is_speech(t) for t in ids)
+    ids = prompter.instruct_ids("请用广东话表达。", "好少咯")
+    assert (
+        ids
+        == encode("<|sos|>You are a helpful assistant. 请用广东话表达。<|endofprompt|>好少咯<|task_id|>").ids
+    )
+    assert ids[-1] == prompter.ids.task_id and prompter.ids.end_of_prompt in ids
+
+
 def test_reserved_rows_are_dropped_other_ids_refused(prompter: CosyVoice3Prompt) -> None:
     base = prompter.ids.speech_base
     assert prompter.speech_tokens([base + 5, base + 6565, base + 6560]) == [5, 6560]

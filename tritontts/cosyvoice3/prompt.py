@@ -4,7 +4,8 @@ Input: `<|sos|>{system + reference_text}{target_text}<|task_id|>` (the converter
 turn), then the reference's speech tokens as `<|s_N|>` ids (N + speech_base); the model continues speaking.
 The text must hold `<|endofprompt|>`: upstream's BLS prefixes `"You are a helpful assistant.<|endofprompt|>"`
 to a reference text without one, so a reference text that has one carries its own system part (upstream's
-instruct form: `"You are a helpful assistant. <instruction><|endofprompt|>"`). Output: speech ids until
+instruct form: `"You are a helpful assistant. <instruction><|endofprompt|>"`; its cross-lingual and instruct2 forms
+also leave the prompt speech tokens out of the LLM input). Output: speech ids until
 `<|eos1|>`; the other reserved rows (6561..6760 but eos1) are dropped (upstream's LLM would stop on them,
 upstream's BLS would feed them to the flow, whose embedding has 6561 rows).
 """
@@ -65,6 +66,15 @@ class CosyVoice3Prompt:
         if self.ids.end_of_prompt not in text_ids:
             raise ValueError(f"the LLM prompt has no {END_OF_PROMPT}")
         return [*text_ids, *(self.ids.speech_base + t for t in speech)]
+
+    def cross_lingual_ids(self, target_text: str) -> list[int]:
+        """Upstream's cross-lingual form (frontend_cross_lingual): no reference text and no prompt speech tokens in
+        the LLM (the flow keeps the reference's prompt); the system part starts the target text."""
+        return self.input_ids("", target_text, [])
+
+    def instruct_ids(self, instruction: str, target_text: str) -> list[int]:
+        """Upstream's instruct2 form: the instruction in the system part, no prompt speech tokens in the LLM."""
+        return self.input_ids(instruct_text(instruction), target_text, [])
 
     def speech_tokens(self, output_ids: Sequence[int]) -> list[int]:
         """The flow's tokens (0..6560); reserved speech rows are dropped, any other id is a ValueError."""
