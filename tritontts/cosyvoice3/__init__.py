@@ -60,4 +60,12 @@ fmax None (= 12 kHz; CosyVoice2: 8000), center False; prompt tokens/mel trimmed 
 only (the LLM gets all prompt tokens).
 
 Streaming (BLS): first hop 15 tokens + 3 look-ahead, then 25 * 2^k (exponential) or a time-based strategy.
+
+Where ours differs from upstream's runtime, on purpose or not yet: the LLM gets the reference's speech tokens cut to
+the prompt mel (CosyVoice2's service; upstream's BLS gives the LLM the uncut tokens: at most one token more); voices
+are cached by audio content (upstream's BLS caches by reference text); generated reserved speech ids are dropped
+(upstream's BLS would pass `<|s_6565|>`.. to the flow, whose embedding has 6561 rows); the converter zeroes the
+padding rows (upstream leaves resize_token_embeddings' random ones; nothing reads them) and, like upstream, copies
+Qwen's text rows into lm_head, so text tokens keep logits in the HF layout; upstream's `time_based` chunk strategy
+is not implemented.
 """
