@@ -91,7 +91,7 @@ dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 1
 token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
 token2wav_cuda_graphs=auto          # cosyvoice2(_dit): replay the flow decoder from CUDA graphs: auto (on CUDA) | true | false
 token2wav_graph_batch_sizes=1,2,4,8 # cosyvoice2: concurrent token2wav calls one graphed flow call takes
-token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; more than 1 only for offline (a stream's state lives in one)
+token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
 vocoder_max_seconds=300             # cosyvoice3: audio seconds of the causal HiFT's fixed source noise (upstream: 300)
 use_spk2info_cache=false            # stages 4-5: send target_text only, so speaker 001 of spk2info.pt speaks
@@ -178,9 +178,6 @@ case "$dynamic_chunk_strategy" in exponential|fixed) ;; *) echo "run.sh: --dynam
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$token2wav_instance_num" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --token2wav_instance_num must be a positive integer" >&2; exit 2; }
-if [ "$token2wav_instance_num" -gt 1 ] && [ "$mode" != offline ] && [ "$model" != cosyvoice3 ]; then   # cosyvoice3's token2wav is stateless
-  echo "run.sh: --token2wav_instance_num $token2wav_instance_num needs mode offline: a stream's token2wav state lives in one instance" >&2; exit 2
-fi
 [[ "$token2wav_graph_batch_sizes" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "run.sh: --token2wav_graph_batch_sizes must be comma-separated positive integers" >&2; exit 2; }
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
 case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
@@ -287,6 +284,9 @@ write_cosyvoice2_models() {
         "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},max_reference_seconds:${max_reference_seconds}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
     esac
+    if [ "$role" = token2wav ] && [ "$token2wav_instance_num" -gt 1 ] && [ "$mode" = streaming ]; then
+      "$python" -m tritontts.triton.sequence "$repo/$name/config.pbtxt"   # each stream stays on one instance
+    fi
     leaves+="${role}_model:${name},"
   done
   [ -z "$endpoint" ] || llm_model=none

@@ -64,22 +64,24 @@ def build_cosyvoice2_models(repo: Path, data: Path) -> None:
             f"model_dir:{llm_dir},{COMMON},decoupled_mode:{llm == 'tensorrt_llm'},llm_max_batch_size:{slots},"
             "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false",
         )
-    leaves = ",".join(f"{leaf}_model:{PREFIX}{leaf}" for leaf in LEAVES)
     for name, decoupled, llm in (
         ("cosyvoice2", True, "tensorrt_llm"),
         ("cosyvoice2_offline", False, "tensorrt_llm_offline"),
     ):
-        install_template(
-            TEMPLATES,
-            "cosyvoice2",
-            repo,
-            name,
-            f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},"
-            f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
-            f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
-            f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
-            f"{leaves},tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:",
-        )
+        install_template(TEMPLATES, "cosyvoice2", repo, name, bls_values(model_dir, llm_dir, decoupled, llm))
+
+
+def bls_values(model_dir: Path, llm_dir: Path, decoupled: bool, llm: str, token2wav: str = "") -> str:
+    """The `cosyvoice2` template's values for a BLS of this repository (`token2wav`: another token2wav model)."""
+    leaves = {leaf: f"{PREFIX}{leaf}" for leaf in LEAVES} | ({"token2wav": token2wav} if token2wav else {})
+    return (
+        f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},"
+        f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
+        f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
+        f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
+        + ",".join(f"{role}_model:{name}" for role, name in leaves.items())
+        + f",tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:"
+    )
 
 
 def install_template(templates: Path, template: str, repo: Path, name: str, values: str) -> Path:

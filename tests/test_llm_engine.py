@@ -266,7 +266,8 @@ def test_sampling_follows_the_distribution_and_is_batch_invariant():
 MIXED = [[(7 * i + 3 * n) % VOCAB for i in range(n)] for n in (4, 40, 6, 45, 3, 2)]
 
 
-def test_batched_prefill_equals_prefilling_each_alone(model):
+@pytest.mark.parametrize("fresh", [False, True], ids=["from_cache", "fresh"])
+def test_batched_prefill_equals_prefilling_each_alone(model, fresh):
     from tritontts.llm.kv_cache import KVCache
 
     model.init_rope(96)
@@ -280,7 +281,9 @@ def test_batched_prefill_equals_prefilling_each_alone(model):
         buffer.fill_(7.0)
     with torch.inference_mode():
         positions = torch.arange(width).expand(len(prompts), width)
-        logits = model(ids, positions, batched.k, batched.v, slice(1, 5), kv_len=width, lengths=lengths)
+        logits = model(
+            ids, positions, batched.k, batched.v, slice(1, 5), kv_len=width, lengths=lengths, fresh=fresh
+        )
         for row, prompt in enumerate(prompts):
             alone_logits = model(
                 torch.tensor([prompt]),
@@ -343,3 +346,70 @@ def test_requests_finishing_at_prefill_and_joining_mid_run_in_a_batch(model):
         assert outputs[request_id] == alone(model, prompt, params), request_id
     assert finals[ids[0]] == FinishReason.MAX_TOKENS and len(outputs[ids[0]]) == 1
     assert finals[cancelled] == FinishReason.CANCELLED and outputs[cancelled] == []
+
+
+def test_bucket_helpers(model):
+    from tritontts.llm.runner import bucket_of, kv_buckets, prefill_buckets
+
+    assert kv_buckets(2560) == [256, 512, 1024, 2048, 2560]
+    assert kv_buckets(96) == [96]
+    assert prefill_buckets(300) == [32, 64, 128, 256]
+    assert [bucket_of([8, 16, 32], n) for n in (1, 8, 9, 32)] == [8, 8, 16, 32]
+    runner = make_engine(model, kv_lengths=[16, 40]).runner
+    assert runner.kv_lengths == [16, 40, 96]
+    assert [runner.kv_bucket(n) for n in (1, 16, 17, 41, 500)] == [16, 16, 40, 96, 96]
+
+
+def test_padded_prefill_of_one_prompt_into_a_slot_named_by_a_tensor(model):
+    """The bucketed prefill a CUDA graph captures: a prompt padded to the bucket, its cache row a tensor."""
+    from tritontts.llm.kv_cache import KVCache
+
+    model.init_rope(96)
+    prompt, width = MIXED[1], 64
+    padded = KVCache(model.config, 3, 96, torch.device("cpu"), torch.float32)
+    single = KVCache(model.config, 3, 96, torch.device("cpu"), torch.float32)
+    for buffer in (*padded.k, *padded.v):
+        buffer.fill_(7.0)
+    with torch.inference_mode():
+        logits = model(
+            torch.tensor([prompt + [11] * (width - len(prompt))]),
+            torch.arange(width).unsqueeze(0),
+            padded.k,
+            padded.v,
+            torch.tensor([2]),
+            kv_len=width,
+            lengths=torch.tensor([len(prompt)]),
+            fresh=True,
+        )
+        reference = model(
+            torch.tensor([prompt]),
+            torch.arange(len(prompt)).unsqueeze(0),
+            single.k,
+            single.v,
+            slice(2, 3),
+            len(prompt),
+        )
+    assert (logits - reference).abs().max() <= 1e-4
+    for ours, theirs in zip((*padded.k, *padded.v), (*single.k, *single.v)):
+        assert (ours[2, :, : len(prompt)] - theirs[2, :, : len(prompt)]).abs().max() <= 1e-4
+        assert torch.all(ours[2, :, len(prompt) :] == 7.0), "padding wrote the cache"
+        assert torch.all(ours[:2] == 7.0), "another slot was written"
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_prefill_and_key_length_buckets_give_the_same_tokens(model, params):
+    """Prompts up to 32 tokens go one at a time through padded buckets, longer ones batched and eager;
+    decode reads 16, 32, 64 or all 96 cached positions as the longest sequence grows."""
+    bucketed = make_engine(
+        model, max_batch_size=6, prefill_lengths=[8, 16, 32], kv_lengths=[16, 32, 64]
+    ).generate(MIXED, params)
+    assert bucketed == make_engine(model, max_batch_size=6).generate(MIXED, params)
+    assert bucketed == [alone(model, p, params) for p in MIXED]
+
+
+@pytest.mark.slow
+def test_compiled_layers_and_head_give_the_eager_tokens(model):
+    """torch.compile (inductor, CPU here): one compiled layer for all layers, the key length dynamic."""
+    compiled = make_engine(model, compile=True, kv_lengths=[16, 32, 64])
+    prompts = [MIXED[0], MIXED[2], MIXED[4]]
+    assert compiled.generate(prompts, SAMPLED) == make_engine(model).generate(prompts, SAMPLED)

@@ -1,10 +1,15 @@
 """Our engine behind the tensorrt_llm contract on the real tritonserver (CPU)."""
 
+import threading
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from spark_models import LLM_SLOTS, build_spark_models
+from triton_stats import inference_count, inference_count_at_least
 from triton_stream import Stream, make_inputs
+from tritonclient.utils import np_to_triton_dtype
 
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import SamplingParams
@@ -32,14 +37,26 @@ def prompt(n: int, offset: int = 0) -> np.ndarray:
     return (np.arange(n) * 37 + offset) % 150000 + 100
 
 
-def request(ids: np.ndarray, max_tokens: int, seed: int, streaming: bool = True) -> dict[str, np.ndarray]:
-    params = RequestParams(max_tokens=max_tokens, temperature=0.8, top_k=50, top_p=0.95, seed=seed)
+def request(
+    ids: np.ndarray, max_tokens: int, seed: int, streaming: bool = True, min_tokens: int = 0
+) -> dict[str, np.ndarray]:
+    params = RequestParams(
+        max_tokens=max_tokens, min_tokens=min_tokens, temperature=0.8, top_k=50, top_p=0.95, seed=seed
+    )
     return llm_request_inputs(ids, END_ID, 151643, params, streaming)
 
 
-def expected(engine: LLMEngine, ids: np.ndarray, max_tokens: int, seed: int) -> list[int]:
+def expected(
+    engine: LLMEngine, ids: np.ndarray, max_tokens: int, seed: int, min_tokens: int = 0
+) -> list[int]:
     params = SamplingParams(
-        max_tokens=max_tokens, temperature=0.8, top_k=50, top_p=0.95, seed=seed, end_id=END_ID
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        temperature=0.8,
+        top_k=50,
+        top_p=0.95,
+        seed=seed,
+        end_id=END_ID,
     )
     return engine.generate([ids.tolist()], params)[0]
 
@@ -93,6 +110,60 @@ def test_offline_model_returns_all_tokens_at_once(server, engine):
     result = client.infer("tensorrt_llm_offline", make_inputs(arrays))
     tokens = generated_tokens(result.as_numpy("output_ids"), result.as_numpy("sequence_length")).tolist()
     assert tokens == expected(engine, prompt(15, 3), 20, 11)
+
+
+def http_infer(url: str, model: str, arrays: dict[str, np.ndarray]) -> list[int]:
+    client = httpclient.InferenceServerClient(url, network_timeout=600.0)
+    inputs = []
+    for name, value in arrays.items():
+        tensor = httpclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    result = client.infer(model, inputs)
+    return generated_tokens(result.as_numpy("output_ids"), result.as_numpy("sequence_length")).tolist()
+
+
+def grpc_infer(url: str, model: str, arrays: dict[str, np.ndarray]) -> list[int]:
+    result = grpcclient.InferenceServerClient(url).infer(model, make_inputs(arrays))
+    return generated_tokens(result.as_numpy("output_ids"), result.as_numpy("sequence_length")).tolist()
+
+
+def test_offline_requests_join_a_running_generation_and_finish_first(server, engine):
+    """In-flight batching without decoupling: short requests sent while a long one decodes are answered
+    before it (the long one over HTTP, the short ones over gRPC, all one response each)."""
+    long_ids, long_len = prompt(12, 9), 600
+    shorts = [(prompt(6 + i, 40 + i), 8, 40 + i) for i in range(3)]
+    finished, results, lock = [], {}, threading.Lock()
+
+    def call(name, infer, url, arrays):
+        tokens = infer(url, "tensorrt_llm_offline", arrays)
+        with lock:
+            finished.append(name)
+            results[name] = tokens
+
+    threads = [
+        threading.Thread(
+            target=call,
+            args=("long", http_infer, server.http_url, request(long_ids, long_len, 9, False, long_len)),
+        )
+    ]
+    threads += [
+        threading.Thread(target=call, args=(i, grpc_infer, server.grpc_url, request(ids, m, s, False)))
+        for i, (ids, m, s) in enumerate(shorts)
+    ]
+    before = inference_count(server, "tensorrt_llm_offline")
+    threads[0].start()
+    # The short ones leave once the long one is on the server: its execute has returned (the old execute,
+    # which returned with the whole batch's tokens, made this wait last until the long one had finished).
+    inference_count_at_least(server, "tensorrt_llm_offline", before + 1, timeout=60)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert finished[-1] == "long", finished
+    assert results["long"] == expected(engine, long_ids, long_len, 9, long_len)
+    for i, (ids, m, s) in enumerate(shorts):
+        assert results[i] == expected(engine, ids, m, s)
 
 
 @pytest.mark.parametrize(

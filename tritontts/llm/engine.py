@@ -1,9 +1,11 @@
 """The engine: requests in from any thread, one step at a time on one thread, tokens streamed back.
 
 `step()` runs cancellations, one batched prefill of the waiting requests that fit into free slots (again
-when some finished at their first token), then one decode step for all running requests (in-flight
-batching: requests join and leave between steps). `start()` runs steps on a background thread whenever
-there is work; `generate()` is a synchronous helper on top of either mode.
+when some finished at their first token), then queues one decode step for all running requests (in-flight
+batching: requests join and leave between steps) and, while the device runs it, hands out the tokens of the
+previous step. The device thus runs one step ahead of the host: a request that ended at step t also ran
+step t+1, whose token is dropped (its slot is released behind that step on the same stream). `start()` runs
+steps on a background thread whenever there is work; `generate()` is a synchronous helper on top of either.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from tritontts.llm.loader import load_pretrained
 from tritontts.llm.model import Qwen2ForCausalLM
-from tritontts.llm.runner import ModelRunner
+from tritontts.llm.runner import ModelRunner, PendingTokens
 from tritontts.llm.scheduler import Scheduler
 from tritontts.llm.sequence import FinishReason, SamplingParams, Sequence, TokenEvent
 
@@ -39,6 +41,7 @@ class LLMEngine:
         self._seeds = random.Random()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._inflight: tuple[list[Sequence], PendingTokens] | None = None  # engine thread only
 
     @classmethod
     def from_model(cls, model: Qwen2ForCausalLM, **runner_options) -> LLMEngine:
@@ -106,7 +109,7 @@ class LLMEngine:
 
     def has_work(self) -> bool:
         with self._wake:
-            return bool(self._inbox or self._cancels or len(self.scheduler))
+            return bool(self._inbox or self._cancels or len(self.scheduler) or self._inflight)
 
     def step(self) -> list[Sequence]:
         """One engine step; returns the sequences that finished in it."""
@@ -135,10 +138,16 @@ class LLMEngine:
                 [s.seed for s in admitted],
             )
             finished += self._retire(self._deliver(admitted, tokens.tolist()))
+        previous, self._inflight = self._inflight, None
         running = self.scheduler.running
         if running:
-            tokens = self.runner.decode(len(running)).tolist()
-            finished += self._retire(self._deliver(list(running), tokens))
+            # Sequences of the previous step are one token longer on the device than here.
+            kv_len = max(s.length for s in running) + (previous is not None)
+            self._inflight = (list(running), self.runner.decode_async(len(running), kv_len))
+        if previous is not None:
+            seqs, pending = previous
+            live = [(s, t) for s, t in zip(seqs, pending.wait()) if s.finish_reason is None]
+            finished += self._retire(self._deliver([s for s, _ in live], [t for _, t in live]))
         return finished
 
     def _deliver(self, seqs: list[Sequence], tokens: list[int]) -> dict[Sequence, list[int]]:
@@ -176,6 +185,7 @@ class LLMEngine:
                 self.cancel(seq.request_id)
 
     def _fail_all(self, reason: FinishReason, error: str | None) -> None:
+        self._inflight = None
         seqs = [*self.scheduler.running, *self.scheduler.waiting]
         self.scheduler.running.clear()
         self.scheduler.waiting.clear()
@@ -239,7 +249,9 @@ class LLMEngine:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while not (self._stopping or self._inbox or self._cancels or len(self.scheduler)):
+                while not (
+                    self._stopping or self._inbox or self._cancels or len(self.scheduler) or self._inflight
+                ):
                     self._wake.wait()
                 if self._stopping:
                     return

@@ -6,16 +6,30 @@ and attend to the first `kv_len` cached positions that are not after their own. 
 buffer (never a sliced view of it), so that torch.compile updates the cache in place.
 
 A batched prefill right-pads its prompts and passes their `lengths [B]`: padding neither writes the cache
-nor is attended to, and the logits are those of each row's last real position.
+nor is attended to, and the logits are those of each row's last real position. A prefill from position 0
+(`fresh`) attends to its own keys and values rather than reading them back from the cache, and may name its
+cache rows with a tensor, so that one CUDA graph serves every slot.
+
+A layer is the pure function `decoder_layer(weights, x, delta, ...)`: it adds the previous layer's output
+`delta` to the residual stream before its input norm (fused residual + RMSNorm under torch.compile) and
+returns the stream and its own MLP output, so that one compiled layer serves all layers of the model.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tritontts.llm.config import Qwen2Config
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -25,9 +39,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_tables(
@@ -49,57 +61,97 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Softmax attention written out (softmax in fp32): for one query row per head, SDPA's fused kernels
-    (cuDNN's, with a mask) were slower on an H100 than these two small matmuls."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """Softmax attention written out (softmax in fp32), keys where `blocked` is true left out: for one query
+    row per head, SDPA's fused kernels (cuDNN's, with a mask) were slower on an H100 than two small matmuls."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(blocked, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every layer of one forward reads besides its weights and cache."""
+
+    cos: torch.Tensor  # [B, L, 1, head_dim]
+    sin: torch.Tensor
+    positions: torch.Tensor  # [B, L]
+    blocked: (
+        torch.Tensor
+    )  # [B, 1, groups * L or 1, keys]: keys no query may see; keys = cached positions read
+    rows: torch.Tensor  # [B, 1] cache rows written
+    slots: slice | None  # cache rows read (None for a fresh prefill)
+    real: torch.Tensor | None  # [B, L, 1, 1] for right-padded prompts
+
+
+def attention_block(
+    shape: LayerShape,
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    ctx: Context,
+) -> torch.Tensor:
+    """RoPE, cache write and grouped-query attention of the fused q/k/v projection `[B, L, q + 2 kv]`."""
+    batch, length, _ = qkv.shape
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
+    groups = heads // kv_heads
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q = apply_rope(q.view(batch, length, heads, dim), ctx.cos, ctx.sin)
+    k = apply_rope(k.view(batch, length, kv_heads, dim), ctx.cos, ctx.sin)
+    v = v.view(batch, length, kv_heads, dim)
+    new_k, new_v = k, v
+    if ctx.real is not None:  # padding rewrites what the cache already holds
+        new_k = torch.where(ctx.real, k, k_cache[ctx.rows, :, ctx.positions])
+        new_v = torch.where(ctx.real, v, v_cache[ctx.rows, :, ctx.positions])
+    k_cache[ctx.rows, :, ctx.positions] = new_k
+    v_cache[ctx.rows, :, ctx.positions] = new_v
+    if ctx.slots is None:  # a fresh prefill: its keys are all there is (padding is masked)
+        keys, values = k.transpose(1, 2), v.transpose(1, 2)
+    else:
+        kv_len = ctx.blocked.shape[-1]  # a size, not an int argument: torch.compile may keep it dynamic
+        keys, values = k_cache[ctx.slots, :, :kv_len], v_cache[ctx.slots, :, :kv_len]
+    # Grouped-query attention without copying the cache: the query heads that share a KV head become
+    # extra query rows of that head.
+    q = q.view(batch, length, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(batch, kv_heads, groups * length, dim)
+    out = attention(q, keys, values, ctx.blocked)
+    out = out.view(batch, kv_heads, groups, length, dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(batch, length, heads * dim)
+
+
+def decoder_layer(
+    shape: LayerShape,
+    weights: tuple[torch.Tensor, ...],
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    ctx: Context,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer on the residual stream `x` plus the previous layer's MLP output `delta` (None for the
+    first layer); returns the stream after attention and this layer's MLP output."""
+    input_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w = weights
+    if delta is not None:
+        x = x + delta
+    qkv = F.linear(rms_norm(x, input_norm, shape.eps), qkv_w, qkv_b)
+    x = x + F.linear(attention_block(shape, qkv, k_cache, v_cache, ctx), o_w)
+    gate, up = F.linear(rms_norm(x, post_norm, shape.eps), gate_up_w).chunk(2, dim=-1)
+    return x, F.linear(F.silu(gate) * up, down_w)
 
 
 class Attention(nn.Module):
     def __init__(self, config: Qwen2Config):
         super().__init__()
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, config.hidden_size + 2 * config.kv_dim, bias=True)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slots: slice,
-        kv_len: int,
-        real: torch.Tensor | None,
-    ) -> torch.Tensor:
-        batch, length, _ = x.shape
-        groups = self.heads // self.kv_heads
-        q, k, v = self.qkv_proj(x).split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
-        )
-        q = apply_rope(q.view(batch, length, self.heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(batch, length, self.kv_heads, self.head_dim), cos, sin)
-        v = v.view(batch, length, self.kv_heads, self.head_dim)
-        rows = torch.arange(slots.start, slots.stop, device=x.device).unsqueeze(1)
-        if real is not None:  # padding rewrites what the cache already holds
-            k = torch.where(real, k, k_cache[rows, :, positions])
-            v = torch.where(real, v, v_cache[rows, :, positions])
-        k_cache[rows, :, positions] = k
-        v_cache[rows, :, positions] = v
-        # Grouped-query attention without copying the cache: the query heads that share a KV head become
-        # extra query rows of that head.
-        q = q.view(batch, length, self.kv_heads, groups, self.head_dim).permute(0, 2, 3, 1, 4)
-        q = q.reshape(batch, self.kv_heads, groups * length, self.head_dim)
-        out = attention(q, k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len], mask)
-        out = out.view(batch, self.kv_heads, groups, length, self.head_dim).permute(0, 3, 1, 2, 4)
-        return self.o_proj(out.reshape(batch, length, self.heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -108,12 +160,10 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
 
 class DecoderLayer(nn.Module):
+    """Holds one layer's parameters (Hugging Face names); `decoder_layer` computes with them."""
+
     def __init__(self, config: Qwen2Config):
         super().__init__()
         self.self_attn = Attention(config)
@@ -121,9 +171,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, *attention_args) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), *attention_args)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def weights(self) -> tuple[torch.Tensor, ...]:
+        attn, mlp = self.self_attn, self.mlp
+        return (
+            self.input_layernorm.weight,
+            attn.qkv_proj.weight,
+            attn.qkv_proj.bias,
+            attn.o_proj.weight,
+            self.post_attention_layernorm.weight,
+            mlp.gate_up_proj.weight,
+            mlp.down_proj.weight,
+        )
 
 
 class Qwen2Model(nn.Module):
@@ -148,16 +206,75 @@ class Qwen2ForCausalLM(nn.Module):
         )
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        self.rope_typed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.index: torch.Tensor | None = None
 
     def init_rope(self, max_positions: int) -> None:
-        """Tables only grow, so a shorter runner of the same model can share them."""
+        """Tables only grow, so a shorter runner of the same model can share them. Besides the fp32 tables,
+        copies in the model's dtype and `0, 1, ...` for index views, so a forward launches fewer kernels."""
         if self.rope_cos is None or self.rope_cos.shape[0] < max_positions:
             self.rope_cos, self.rope_sin = rope_tables(
                 self.config, max_positions, self.model.norm.weight.device
             )
+            self.index = torch.arange(max_positions, device=self.rope_cos.device)
+        dtype = self.model.embed_tokens.weight.dtype
+        if self.rope_typed is None or self.rope_typed[0].shape != self.rope_cos.shape:
+            self.rope_typed = (self.rope_cos.to(dtype), self.rope_sin.to(dtype))
 
     def lm_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @property
+    def layer_shape(self) -> LayerShape:
+        c = self.config
+        return LayerShape(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+
+    def context(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: slice | torch.Tensor,
+        kv_len: int,
+        lengths: torch.Tensor | None = None,
+        fresh: bool = False,
+    ) -> Context:
+        """Rope rows, attention mask and cache rows of one forward (see `forward`)."""
+        dtype = self.model.embed_tokens.weight.dtype
+        cos_table, sin_table = self.rope_typed
+        if cos_table.dtype != dtype:  # the model changed dtype after init_rope
+            cos_table, sin_table = cos_table.to(dtype), sin_table.to(dtype)
+        cos, sin = cos_table[positions].unsqueeze(2), sin_table[positions].unsqueeze(2)
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        length = input_ids.shape[1]
+        if isinstance(slots, torch.Tensor):
+            if not fresh:
+                raise ValueError("cache rows given as a tensor need fresh=True")
+            rows = slots.view(-1, 1)
+        else:
+            rows = self.index[slots].unsqueeze(1)
+        keys = self.index[: length if fresh else kv_len]
+        blocked = keys > positions.unsqueeze(-1)
+        real = None
+        if lengths is not None:
+            blocked = blocked | (keys >= lengths.view(-1, 1, 1))
+            real = (self.index[:length] < lengths.unsqueeze(1)).view(*input_ids.shape, 1, 1)
+        blocked = blocked.unsqueeze(1)  # [B, 1, L, keys]
+        if length > 1:  # query rows are (group, position): one row of the mask per row
+            blocked = blocked.unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(2, 3)
+        return Context(cos, sin, positions, blocked, rows, None if fresh else slots, real)
+
+    def head(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        last_only: bool = True,
+    ) -> torch.Tensor:
+        """fp32 logits of the residual stream after the last layer."""
+        x = x + delta
+        if last_only:
+            x = x[:, -1] if lengths is None else x[torch.arange(x.shape[0], device=x.device), lengths - 1]
+        return F.linear(self.model.norm(x), self.lm_weight()).float()
 
     def forward(
         self,
@@ -165,30 +282,21 @@ class Qwen2ForCausalLM(nn.Module):
         positions: torch.Tensor,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
-        slots: slice,
+        slots: slice | torch.Tensor,
         kv_len: int,
         last_only: bool = True,
         lengths: torch.Tensor | None = None,
+        fresh: bool = False,
     ) -> torch.Tensor:
         """fp32 logits `[B, V]` of the last position (or `[B, L, V]` of all) for `input_ids [B, L]`.
 
-        With `lengths [B]` (right padding), the last position of row b is `lengths[b] - 1`.
+        With `lengths [B]` (right padding), the last position of row b is `lengths[b] - 1`. `fresh`: a
+        prefill from position 0, attending only to its own tokens; `slots` may then be a `[B]` tensor of
+        cache rows.
         """
-        x = self.model.embed_tokens(input_ids)
-        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(2)
-        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(2)
-        groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        keys = torch.arange(kv_len, device=x.device)
-        visible = keys <= positions.unsqueeze(-1)
-        real = None
-        if lengths is not None:
-            visible = visible & (keys < lengths.view(-1, 1, 1))
-            real = (torch.arange(input_ids.shape[1], device=x.device) < lengths.unsqueeze(1)).view(
-                *input_ids.shape, 1, 1
-            )
-        mask = visible.unsqueeze(1).unsqueeze(1).expand(-1, -1, groups, -1, -1).flatten(2, 3)
+        ctx = self.context(input_ids, positions, slots, kv_len, lengths, fresh)
+        shape = self.layer_shape
+        x, delta = self.model.embed_tokens(input_ids), None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, positions, mask, k_caches[i], v_caches[i], slots, kv_len, real)
-        if last_only:
-            x = x[:, -1] if lengths is None else x[torch.arange(x.shape[0], device=x.device), lengths - 1]
-        return F.linear(self.model.norm(x), self.lm_weight()).float()
+            x, delta = decoder_layer(shape, layer.weights(), x, delta, k_caches[i], v_caches[i], ctx)
+        return self.head(x, delta, lengths, last_only)

@@ -1,21 +1,29 @@
-"""Tensors on the device: prefill requests into consecutive slots, decode slots [0, n) at once, CUDA graphs.
+"""Tensors on the device: prefill requests into slots, decode slots [0, n) at once, CUDA graphs.
 
-Prefill right-pads the prompts admitted together into one forward (several when their padded size passes
-`max_prefill_tokens`); it runs eagerly, as its shapes vary.
+Decode: a step reads and advances only device buffers (KV cache and `SlotState`), so the same function runs
+eagerly, with its layers and its head (logits, sampling, stop bookkeeping) under `torch.compile`, or replayed
+from a CUDA graph. A step attends to the first `kv_len` cached positions, `kv_len` the smallest bucket that
+holds the longest running sequence, so short sequences do not read the whole static cache; there is one
+graph for each (batch-size bucket, kv-length bucket). Under torch.compile one compiled layer serves every
+layer (its weights are arguments) and the key length stays a dynamic size, so compiling costs one layer per
+batch bucket rather than the whole model per graph.
 
-A decode step reads and advances only device buffers (KV cache and `SlotState`), so the same function runs
-eagerly, under `torch.compile`, or replayed from a CUDA graph captured for each batch-size bucket.
+Prefill: a prompt no longer than the largest prefill bucket is right-padded to the next bucket and runs
+alone through that bucket's forward + sampling, captured once as a CUDA graph that reads its cache row, ids
+and length from static buffers (one graph serves every slot). Longer prompts are right-padded together into
+eager forwards (several when their padded size passes `max_prefill_tokens`). Padding is masked either way.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 
 import torch
 
 from tritontts.llm.kv_cache import KVCache
-from tritontts.llm.model import Qwen2ForCausalLM
+from tritontts.llm.model import Qwen2ForCausalLM, decoder_layer
 from tritontts.llm.sampling import sample
 from tritontts.llm.sequence import SamplingParams
 from tritontts.llm.slot_state import SlotState
@@ -39,6 +47,34 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return sorted({s for s in sizes if s < max_batch_size} | {max_batch_size})
 
 
+def kv_buckets(max_seq_len: int) -> list[int]:
+    """Key lengths a decode step attends to: 256, 512, 1024, ... below `max_seq_len`, then `max_seq_len`."""
+    sizes = [256 << i for i in range(16) if 256 << i < max_seq_len]
+    return [*sizes, max_seq_len]
+
+
+def prefill_buckets(max_seq_len: int) -> list[int]:
+    """Padded prompt lengths with a prefill graph (prompts must be shorter than `max_seq_len`)."""
+    return [n for n in (32, 64, 128, 256, 384, 512, 768, 1024) if n < max_seq_len]
+
+
+def bucket_of(buckets: list[int], n: int) -> int:
+    return buckets[bisect.bisect_left(buckets, n)]
+
+
+@dataclass
+class PendingTokens:
+    """A decode step's tokens on their way to the host: copied into pinned memory behind the step."""
+
+    host: torch.Tensor
+    event: torch.cuda.Event | None
+
+    def wait(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -50,7 +86,12 @@ class ModelRunner:
         max_top_k: int = 1024,
         graph_batch_sizes: list[int] | None = None,
         max_prefill_tokens: int = 8192,
+        kv_lengths: list[int] | None = None,
+        prefill_lengths: list[int] | None = None,
     ):
+        """`kv_lengths`: key-length buckets of decode (default `kv_buckets`). `prefill_lengths`: padded
+        prompt lengths prefilled one prompt at a time (default `prefill_buckets` where CUDA graphs are
+        captured, none elsewhere; pass some on CPU to run the same padded path eagerly)."""
         self.model = model
         self.device = model.model.embed_tokens.weight.device
         self.dtype = model.model.embed_tokens.weight.dtype
@@ -60,23 +101,47 @@ class ModelRunner:
         self.max_prefill_tokens = max_prefill_tokens
         config = model.config
         model.init_rope(max_seq_len)
-        self.rope_tables = (model.rope_cos, model.rope_sin)  # what this runner's CUDA graphs read stays alive
+        # What this runner's CUDA graphs read stays alive, should the model grow its tables for another.
+        self.rope_tables = (model.rope_typed, model.index)
         self.cache = KVCache(config, max_batch_size, max_seq_len, self.device, self.dtype)
         self.state = SlotState(max_batch_size, config.vocab_size, self.device)
+        self.shape = model.layer_shape
+        self.weights = [tuple(w.detach() for w in layer.weights()) for layer in model.model.layers]
         self.buckets = (
             sorted({b for b in graph_batch_sizes if b < max_batch_size} | {max_batch_size})
             if graph_batch_sizes
             else batch_buckets(max_batch_size)
         )
-        self.step_fn = self._decode_step
+        self.kv_lengths = sorted({min(n, max_seq_len) for n in kv_lengths or kv_buckets(max_seq_len)})
+        if self.kv_lengths[-1] != max_seq_len:
+            self.kv_lengths.append(max_seq_len)
+        graphs = cuda_graphs and self.device.type == "cuda"
+        if prefill_lengths is None:
+            prefill_lengths = prefill_buckets(max_seq_len) if graphs else []
+        if any(n >= max_seq_len for n in prefill_lengths):
+            raise ValueError(f"prefill_lengths must be below max_seq_len {max_seq_len}: {prefill_lengths}")
+        self.prefill_lengths = sorted(set(prefill_lengths))
+        widest = max(self.prefill_lengths, default=0)
+        self.prefill_ids = torch.zeros(1, widest, dtype=torch.int64, device=self.device)
+        self.prefill_length = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.prefill_slot = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.prefill_token = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.prefill_positions = torch.arange(widest, device=self.device).unsqueeze(0)
+        pinned = self.device.type == "cuda"
+        self.host_tokens = [torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pinned) for _ in "ab"]
+        self.host_turn = 0
+        self.compiled = compile
+        self.layer_fn = decoder_layer
+        self.finish_fn = self._finish
         if compile:
-            torch._dynamo.config.recompile_limit = max(
-                torch._dynamo.config.recompile_limit, 2 * len(self.buckets)
-            )
-            self.step_fn = torch.compile(self._decode_step, fullgraph=True, dynamic=False)
+            limit = 8 * len(self.buckets) + 16
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+            self.layer_fn = torch.compile(decoder_layer, fullgraph=True, dynamic=False)
+            self.finish_fn = torch.compile(self._finish, fullgraph=True, dynamic=False)
         self.pad_to_bucket = cuda_graphs or compile
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        if cuda_graphs and self.device.type == "cuda":
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if graphs:
             self._capture_graphs()
 
     def prefill(self, slot: int, prompt_ids: list[int], params: SamplingParams, seed: int) -> torch.Tensor:
@@ -88,6 +153,26 @@ class ModelRunner:
         self, first_slot: int, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int]
     ) -> torch.Tensor:
         """Prefill prompt i into slot `first_slot + i`, sample its first token; return the `[B]` tokens."""
+        widest = max(self.prefill_lengths, default=0)
+        tokens, start = [], 0
+        while start < len(prompts):
+            if len(prompts[start]) <= widest:
+                tokens.append(
+                    self._prefill_one(first_slot + start, prompts[start], params[start], seeds[start])
+                )
+                start += 1
+                continue
+            stop = start
+            while stop < len(prompts) and len(prompts[stop]) > widest:
+                stop += 1
+            run = slice(start, stop)
+            tokens.append(self._prefill_eager(first_slot + start, prompts[run], params[run], seeds[run]))
+            start = stop
+        return torch.cat(tokens)
+
+    def _prefill_eager(
+        self, first_slot: int, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int]
+    ) -> torch.Tensor:
         tokens, start = [], 0
         for stop in prefill_chunks([len(p) for p in prompts], self.max_prefill_tokens):
             run = slice(start, stop)
@@ -107,21 +192,73 @@ class ModelRunner:
             self.state.assign(first_slot + row, params[row], seeds[row], ids[row, : len(prompt)])
         positions = torch.arange(width, device=self.device).expand(batch, width)
         slots = slice(first_slot, first_slot + batch)
-        logits = self.model(ids, positions, self.cache.k, self.cache.v, slots, kv_len=width, lengths=lengths)
+        logits = self.model(
+            ids, positions, self.cache.k, self.cache.v, slots, kv_len=width, lengths=lengths, fresh=True
+        )
         tokens = sample(logits, self.state.rows(slots.start, slots.stop), self.max_top_k)
         for row, prompt in enumerate(prompts):
             self.state.start_decoding(first_slot + row, tokens[row : row + 1], len(prompt))
         return tokens
 
-    @torch.inference_mode()
-    def decode(self, n: int) -> torch.Tensor:
-        """One token for each of slots [0, n); returns the `[n]` tensor of them (on the device)."""
-        batch = self.buckets[bisect.bisect_left(self.buckets, n)] if self.pad_to_bucket else n
-        if batch in self.graphs:
-            self.graphs[batch].replay()
+    def _prefill_one(self, slot: int, prompt: list[int], params: SamplingParams, seed: int) -> torch.Tensor:
+        """One prompt through its padded bucket (graph when captured) into `slot`."""
+        width, n = bucket_of(self.prefill_lengths, len(prompt)), len(prompt)
+        host = torch.tensor([*prompt, *[0] * (width - n), n, slot], dtype=torch.int64)
+        values = host.to(self.device)
+        self.prefill_ids[:, :width].copy_(values[:width].unsqueeze(0))
+        self.prefill_length.copy_(values[width : width + 1])
+        self.prefill_slot.copy_(values[width + 1 :])
+        self.state.assign(slot, params, seed, values[:n])
+        if width in self.prefill_graphs:
+            self.prefill_graphs[width].replay()
         else:
-            self.step_fn(batch)
+            self._prefill_padded(width)
+        token = self.prefill_token.clone()
+        self.state.start_decoding(slot, token, n)
+        return token
+
+    def _prefill_padded(self, width: int) -> None:
+        """Reads and writes only static buffers: the function a prefill graph captures."""
+        logits = self.model(
+            self.prefill_ids[:, :width],
+            self.prefill_positions[:, :width],
+            self.cache.k,
+            self.cache.v,
+            self.prefill_slot,
+            kv_len=width,
+            lengths=self.prefill_length,
+            fresh=True,
+        )
+        self.prefill_token.copy_(sample(logits, self.state.take(self.prefill_slot), self.max_top_k))
+
+    def kv_bucket(self, kv_len: int) -> int:
+        return bucket_of(self.kv_lengths, min(kv_len, self.max_seq_len))
+
+    @torch.inference_mode()
+    def decode(self, n: int, kv_len: int | None = None) -> torch.Tensor:
+        """One token for each of slots [0, n), whose sequences (prompt + tokens so far) are at most `kv_len`
+        long (default: any length); returns the `[n]` tensor of tokens (on the device)."""
+        batch = bucket_of(self.buckets, n) if self.pad_to_bucket else n
+        keys = self.kv_bucket(kv_len or self.max_seq_len)
+        if (batch, keys) in self.graphs:
+            self.graphs[batch, keys].replay()
+        else:
+            self._decode_step(batch, keys)
         return self.state.last_token[:n]
+
+    def decode_async(self, n: int, kv_len: int | None = None) -> PendingTokens:
+        """`decode`, then its tokens copied to the host without waiting: the caller may queue more work
+        (the next step) before it reads them. Two host buffers: read a step's tokens before the one after
+        the next is queued."""
+        tokens = self.decode(n, kv_len)
+        host = self.host_tokens[self.host_turn][:n]
+        self.host_turn ^= 1
+        host.copy_(tokens, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return PendingTokens(host, event)
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
@@ -130,27 +267,44 @@ class ModelRunner:
     def free_slot(self, slot: int) -> None:
         self.state.clear(slot)
 
-    def _decode_step(self, batch: int) -> None:
+    def _decode_step(self, batch: int, kv_len: int) -> None:
         state = self.state
         tokens, positions = state.last_token[:batch].unsqueeze(1), state.position[:batch].unsqueeze(1)
-        logits = self.model(
-            tokens, positions, self.cache.k, self.cache.v, slice(0, batch), kv_len=self.max_seq_len
-        )
-        tokens = sample(logits, state.rows(0, batch), self.max_top_k)
-        state.advance(batch, tokens, self.max_seq_len - 1)
+        ctx = self.model.context(tokens, positions, slice(0, batch), kv_len)
+        if self.compiled:
+            torch._dynamo.maybe_mark_dynamic(ctx.blocked, 3)  # one compiled layer for every key length
+        x, delta = self.model.model.embed_tokens(tokens), None
+        for weights, k_cache, v_cache in zip(self.weights, self.cache.k, self.cache.v):
+            x, delta = self.layer_fn(self.shape, weights, x, delta, k_cache, v_cache, ctx)
+        self.finish_fn(batch, x, delta)
+
+    def _finish(self, batch: int, x: torch.Tensor, delta: torch.Tensor) -> None:
+        """Logits, sampling and the slots' advance (no host sync)."""
+        tokens = sample(self.model.head(x, delta), self.state.rows(0, batch), self.max_top_k)
+        self.state.advance(batch, tokens, self.max_seq_len - 1)
 
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
-        """nano-vllm style: largest bucket first, all graphs in one memory pool; slots are reset after."""
+        """nano-vllm style: largest shapes first, all decode graphs in one memory pool; slots reset after."""
+        for batch in self.buckets:  # compile (a no-op when eager) with a key length below the largest
+            self._decode_step(batch, self.kv_lengths[0])
         pool = None
         for batch in reversed(self.buckets):
-            self.step_fn(batch)  # warm-up (and compilation) outside the graph
+            for keys in reversed(self.kv_lengths):
+                self._decode_step(batch, keys)  # warm-up outside the graph
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    self._decode_step(batch, keys)
+                pool = graph.pool() if pool is None else pool
+                self.graphs[batch, keys] = graph
+        for width in reversed(self.prefill_lengths):
+            self._prefill_padded(width)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                self.step_fn(batch)
-            pool = graph.pool() if pool is None else pool
-            self.graphs[batch] = graph
+                self._prefill_padded(width)
+            self.prefill_graphs[width] = graph
         torch.cuda.synchronize(self.device)
         for slot in range(self.max_batch_size):
             self.state.clear(slot)

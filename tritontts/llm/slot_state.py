@@ -42,6 +42,20 @@ class SlotState:
             seen=self.seen[start:stop],
         )
 
+    def take(self, rows: torch.Tensor) -> SamplingBatch:
+        """Copies of the rows named by the device tensor `rows` (a graph replayed for any slot reads them)."""
+        return SamplingBatch(
+            temperature=self.temperature[rows],
+            top_k=self.top_k[rows],
+            top_p=self.top_p[rows],
+            repetition_penalty=self.repetition_penalty[rows],
+            seed=self.seed[rows],
+            end_id=self.end_id[rows],
+            min_tokens=self.min_tokens[rows],
+            step=self.step[rows],
+            seen=self.seen[rows],
+        )
+
     def assign(self, slot: int, params: SamplingParams, seed: int, prompt_ids: torch.Tensor) -> None:
         """Settings of a new request; position and last token are set after its prefill."""
         values = {

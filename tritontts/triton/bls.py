@@ -23,9 +23,12 @@ def _request(
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str],
     request_id: str | None = None,
+    sequence_flags: int | None = None,
 ) -> Any:
     tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
     extra = {} if request_id is None else {"request_id": request_id}
+    if sequence_flags is not None and request_id:
+        extra |= {"correlation_id": request_id, "flags": sequence_flags}
     return pb_utils.InferenceRequest(
         model_name=model, requested_output_names=list(outputs), inputs=tensors, **extra
     )
@@ -55,9 +58,11 @@ def call_model(
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str],
     request_id: str | None = None,
+    sequence_flags: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """One request, one response; `request_id` ties calls together (a stream's token2wav calls)."""
-    response = _request(pb_utils, model, inputs, outputs, request_id).exec()
+    """One request, one response; `request_id` ties calls together (a stream's token2wav calls), and with
+    `sequence_flags` it is also the correlation id a sequence batcher routes by."""
+    response = _request(pb_utils, model, inputs, outputs, request_id, sequence_flags).exec()
     return _outputs(pb_utils, model, response, outputs)
 
 

@@ -29,6 +29,7 @@ from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arra
 from tritontts.triton.metrics import StageSeconds
 from tritontts.triton.params import error_response, model_param, optional_input, string_input
 from tritontts.triton.request_runner import RequestRunner
+from tritontts.triton.sequence import call_flags
 from tritontts.triton.stream_sender import serve_stream
 
 STRATEGIES = ("exponential", "fixed")
@@ -98,8 +99,11 @@ class CosyVoice2Bls:
             self.pb, llm, prompt_ids, params, params.end_id, params.pad_id, streaming, self.decoupled
         )
 
-    def _call_token2wav(self, arrays: dict[str, np.ndarray], request_id: str) -> np.ndarray:
-        out = call_model(self.pb, self.models["token2wav"], arrays, ["waveform"], request_id=request_id)
+    def _call_token2wav(
+        self, arrays: dict[str, np.ndarray], request_id: str, token_offset: int | None, finalize: bool | None
+    ) -> np.ndarray:
+        flags = call_flags(token_offset, finalize)
+        out = call_model(self.pb, self.models["token2wav"], arrays, ["waveform"], request_id, flags)
         return out["waveform"].reshape(-1)
 
     def _token2wav(
@@ -113,7 +117,7 @@ class CosyVoice2Bls:
         arrays = token2wav_arrays(
             tokens, voice.speech_tokens, voice.speech_feat, voice.embedding, token_offset, finalize
         )
-        return self._call_token2wav(arrays, request_id)
+        return self._call_token2wav(arrays, request_id, token_offset, finalize)
 
     def _token2wav_dit(
         self,
@@ -124,7 +128,8 @@ class CosyVoice2Bls:
         request_id: str,
     ) -> np.ndarray:
         chunk = tokens if token_offset is None else tokens[token_offset:]
-        return self._call_token2wav(dit_token2wav_arrays(chunk, voice.reference_wav, finalize), request_id)
+        arrays = dit_token2wav_arrays(chunk, voice.reference_wav, finalize)
+        return self._call_token2wav(arrays, request_id, token_offset, finalize)
 
     def _parse(self, request: Any) -> CosyVoice2Request:
         pb = self.pb

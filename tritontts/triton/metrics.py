@@ -31,13 +31,21 @@ class StageSeconds:
     """Summed stage durations `{seconds_name}{model, stage, ...}` and the count of timed events
     `{count_name}{model, ...}`: a scraper's delta of one over the delta of the other is a mean per event."""
 
-    def __init__(self, pb_utils: Any, model_name: str, seconds_name: str, count_name: str, what: str) -> None:
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        seconds_name: str,
+        count_name: str,
+        what: str,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         counter = pb_utils.MetricFamily.COUNTER
         self.seconds = pb_utils.MetricFamily(
             name=seconds_name, description=f"seconds spent in each stage of {what}", kind=counter
         )
         self.count = pb_utils.MetricFamily(name=count_name, description=f"{what} timed", kind=counter)
-        self.model_name = model_name
+        self.labels = {"model": model_name, **(labels or {})}
         self._metrics: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -48,20 +56,21 @@ class StageSeconds:
         return self._metrics[key]
 
     def add(self, stages: dict[str, float], **labels: str) -> None:
-        base = {"model": self.model_name, **labels}
+        base = {**self.labels, **labels}
         with self._lock:
             self._metric(self.count, base).increment(1)
             for stage, seconds in stages.items():
                 self._metric(self.seconds, base | {"stage": stage}).increment(seconds)
 
 
-def token2wav_stage_seconds(pb_utils: Any, model_name: str) -> StageSeconds:
-    """Flow and vocoder seconds of a token2wav model's executes, labelled `chunk="first"` where every call of the
-    execute was a stream's first chunk."""
+def token2wav_stage_seconds(pb_utils: Any, args: dict[str, Any]) -> StageSeconds:
+    """Flow and vocoder seconds of a token2wav instance's executes (`args`: the model's initialize args), labelled
+    with the instance and `chunk="first"` where every call of the execute was a stream's first chunk."""
     return StageSeconds(
         pb_utils,
-        model_name,
+        args["model_name"],
         "tritontts_token2wav_seconds_total",
         "tritontts_token2wav_executions_total",
         "token2wav executes",
+        {"instance": args["model_instance_name"]},
     )

@@ -67,8 +67,11 @@ def model_param(
         ) from err
 
 
-def instance_count(model_config: Mapping) -> int:
-    """How many instances of the model its config asks for (all instance groups together)."""
+def stream_instances(model_config: Mapping) -> int:
+    """How many instances a stream may meet: 1 where a sequence batcher keeps each stream on one instance, else
+    the instances the config asks for (all instance groups together)."""
+    if model_config.get("sequence_batching"):
+        return 1
     return sum(int(group.get("count", 1)) for group in model_config.get("instance_group") or [{}])
 
 
@@ -77,8 +80,8 @@ def single_instance_stream(instances: int, field: str) -> None:
     if instances > 1:
         raise RequestError(
             field,
-            f"stream calls need a model with one instance (this one has {instances}; a stream's state lives in "
-            "the instance that served its first call); several instances serve whole utterances only",
+            f"stream calls need a model with one instance or a sequence batcher (this one has {instances} "
+            "instances and none; a stream's state lives in the instance that served its first call)",
         )
 
 

@@ -1,12 +1,14 @@
 """Our PyTorch engine behind the `tensorrt_llm` model's I/O contract.
 
-One engine thread runs in-flight batching over every request `execute` hands it. Decoupled: tokens are sent
-as they are generated (`streaming` true) or once at the end; a cancelled request frees its slot. Not
-decoupled: `execute` waits for the requests it was given, which the engine runs as one batch.
+One engine thread runs in-flight batching over every request `execute` hands it, and `execute` returns at
+once: each request is answered from the engine thread through its response sender, so requests that arrive
+while others decode join the running batch. Decoupled: tokens are sent as they are generated (`streaming`
+true) or once at the end; a cancelled request frees its slot. Not decoupled (python_backend >= 24.06 lets a
+default-mode model answer through the sender): exactly one response per request, carrying the FINAL flag.
 """
 
+import dataclasses
 import json
-import threading
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -57,22 +59,6 @@ class _Stream:
             )
 
 
-class _Collect:
-    """Gathers one request's tokens for a non-decoupled reply."""
-
-    def __init__(self, parsed):
-        self.tokens = [] if parsed.exclude_input else list(parsed.prompt_ids)
-        self.error = None
-        self.done = threading.Event()
-
-    def __call__(self, event):
-        self.tokens += event.token_ids
-        if event.finish_reason == FinishReason.ERROR:
-            self.error = RuntimeError(f"generation failed: {event.error}")
-        if event.finished:
-            self.done.set()
-
-
 class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
@@ -97,39 +83,23 @@ class TritonPythonModel:
 
     def _parse(self, request):
         get = lambda name: optional_input(pb_utils, request, name)  # noqa: E731
-        return parse_llm_request(get, self.engine.vocab_size, default_streaming=self.decoupled)
+        parsed = parse_llm_request(get, self.engine.vocab_size, default_streaming=self.decoupled)
+        # A default-mode model sends exactly one response per request: `streaming` cannot apply there.
+        return parsed if self.decoupled else dataclasses.replace(parsed, streaming=False)
 
     def execute(self, requests):
-        if self.decoupled:
-            for request in requests:
-                try:
-                    parsed = self._parse(request)
-                    self.engine.add_request(
-                        parsed.prompt_ids, parsed.params, _Stream(self.engine, request, parsed)
-                    )
-                except Exception as err:
-                    sender = request.get_response_sender()
-                    sender.send(
-                        error_response(pb_utils, err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-                    )
-            return None
-        waiting = []
         for request in requests:
             try:
                 parsed = self._parse(request)
-                collect = _Collect(parsed)
-                self.engine.add_request(parsed.prompt_ids, parsed.params, collect)
-                waiting.append(collect)
+                self.engine.add_request(
+                    parsed.prompt_ids, parsed.params, _Stream(self.engine, request, parsed)
+                )
             except Exception as err:
-                waiting.append(err)
-        responses = []
-        for item in waiting:
-            if isinstance(item, Exception):
-                responses.append(error_response(pb_utils, item))
-                continue
-            item.done.wait()
-            responses.append(error_response(pb_utils, item.error) if item.error else _response(item.tokens))
-        return responses
+                sender = request.get_response_sender()
+                sender.send(
+                    error_response(pb_utils, err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
+        return None
 
     def finalize(self):
         self.engine.stop()

@@ -18,10 +18,10 @@ from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import token2wav_stage_seconds
 from tritontts.triton.params import (
     error_response,
-    instance_count,
     model_param,
     optional_input,
     single_instance_stream,
+    stream_instances,
 )
 
 INPUT_NAMES = (
@@ -47,8 +47,8 @@ class TritonPythonModel:
             device,
         )
         self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, flow_graphs=graphs)
-        self.stages = token2wav_stage_seconds(pb_utils, args["model_name"])
-        self.instances = instance_count(config)
+        self.stages = token2wav_stage_seconds(pb_utils, args)
+        self.instances = stream_instances(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
         self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))
 

@@ -19,10 +19,10 @@ from tritontts.triton.metrics import token2wav_stage_seconds
 from tritontts.triton.params import (
     RequestError,
     error_response,
-    instance_count,
     model_param,
     optional_input,
     single_instance_stream,
+    stream_instances,
 )
 
 INPUT_NAMES = ("target_speech_tokens", "reference_wav", "reference_wav_len", "finalize")
@@ -38,8 +38,8 @@ class TritonPythonModel:
         self.model = DiTToken2Wav.from_model_dir(
             model_param(config, "model_dir"), device=device, dtype=dtype, flow_graphs=graphs
         )
-        self.stages = token2wav_stage_seconds(pb_utils, args["model_name"])
-        self.instances = instance_count(config)
+        self.stages = token2wav_stage_seconds(pb_utils, args)
+        self.instances = stream_instances(config)
         self.limits = AudioLimits(
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
         )

@@ -38,7 +38,7 @@ class TritonPythonModel:
             device,
         )
         self.model = Token2Mel.from_model_dir(model_param(config, "model_dir"), device, dtype, graphs)
-        self.stages = token2wav_stage_seconds(pb_utils, args["model_name"])
+        self.stages = token2wav_stage_seconds(pb_utils, args)
 
     def execute(self, requests):
         outcomes: list = [None] * len(requests)
