@@ -68,7 +68,8 @@ def get_parser() -> argparse.ArgumentParser:
         "--model-dir",
         required=True,
         help="spark_tts: the checkpoint (config.yaml, BiCodec/, LLM/, ...); cosyvoice2: the folder holding "
-        "CosyVoice2-0.5B/ and cosyvoice2_llm/; cosyvoice2_dit: those and Step-Audio-2-mini/token2wav/",
+        "CosyVoice2-0.5B/ and cosyvoice2_llm/; cosyvoice2_dit: those and Step-Audio-2-mini/token2wav/; cosyvoice3: "
+        "Fun-CosyVoice3-0.5B-2512/ and hf_cosyvoice3_llm/",
     )
     p.add_argument(
         "--huggingface-dataset",

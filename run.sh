@@ -6,15 +6,18 @@
 #   -1  environment: outside NVIDIA's container, a virtual environment with requirements.txt and the
 #       tritonserver bundled in the nvidia-pytriton wheel; inside the container, a check only
 #    0  checkpoint: download (huggingface | modelscope), write a synthetic one, or validate a local dir
-#       (cosyvoice2: a folder holding CosyVoice2-0.5B/ and cosyvoice2_llm/; cosyvoice2_dit: also Step-Audio-2-mini/token2wav/)
+#       (cosyvoice2: a folder holding CosyVoice2-0.5B/ and cosyvoice2_llm/; cosyvoice2_dit: also Step-Audio-2-mini/token2wav/;
+#       cosyvoice3: Fun-CosyVoice3-0.5B-2512/ and hf_cosyvoice3_llm/)
 #    1  LLM: trtllm = convert + trtllm-build (+ smoke test); torch = validate the checkpoint for our engine
-#    2  Triton model repository from model_repo/ (spark_tts) or model_repo_cosyvoice2/ (cosyvoice2, cosyvoice2_dit) templates
+#    2  Triton model repository from model_repo/ (spark_tts), model_repo_cosyvoice2/ (cosyvoice2, cosyvoice2_dit) or
+#       model_repo_cosyvoice3/ (cosyvoice3: the LLM inside Triton) templates
 #    3  launch tritonserver in the background (pid file + log), wait until ready
 #    4  benchmark client (gRPC) over a dataset
 #    5  single-utterance client (gRPC when streaming, HTTP when offline)
 #    6  OpenAI-compatible API server in front of the running tritonserver (foreground; not in the default range)
-#    7  disaggregated serving (cosyvoice2, cosyvoice2_dit): the LLM behind an OpenAI-compatible server on --llm_gpus, and
+#    7  disaggregated serving (cosyvoice2, cosyvoice2_dit, cosyvoice3): the LLM behind an OpenAI-compatible server on --llm_gpus, and
 #       --instances_per_gpu token2wav tritonservers on each of --token2wav_gpus, their BLS asking that server
+#       (cosyvoice3 with --llm_gpus 0 --token2wav_gpus 0 --instances_per_gpu 1: upstream's run_cosyvoice3.sh stage 3)
 #    8  benchmark client (gRPC) spread over the token2wav servers of stage 7, per-server and total latencies
 #    9  the whole pipeline in one process, no server (offline_inference.py), per batch size; the LLM from
 #       --offline_backend (torch | hf | trtllm | openai: an OpenAI-compatible server such as trtllm-serve)
@@ -27,7 +30,7 @@ stage=0
 stop_stage=5
 mode=streaming                      # streaming | offline
 
-model=spark_tts                     # spark_tts | cosyvoice2 | cosyvoice2_dit (CosyVoice2 LLM + Step-Audio-2-mini DiT token2wav)
+model=spark_tts                     # spark_tts | cosyvoice2 | cosyvoice2_dit (CosyVoice2 LLM + Step-Audio-2-mini DiT token2wav) | cosyvoice3
 llm_backend=torch                   # torch | trtllm
 model_source=huggingface            # huggingface | modelscope | synthetic-tiny | synthetic-full | <local dir>
 seed=0                              # synthetic checkpoints
@@ -90,6 +93,7 @@ token2wav_cuda_graphs=auto          # cosyvoice2(_dit): replay the flow decoder 
 token2wav_graph_batch_sizes=1,2,4,8 # cosyvoice2: concurrent token2wav calls one graphed flow call takes
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
+vocoder_max_seconds=300             # cosyvoice3: audio seconds of the causal HiFT's fixed source noise (upstream: 300)
 use_spk2info_cache=false            # stages 4-5: send target_text only, so speaker 001 of spk2info.pt speaks
 
 # Clients
@@ -169,7 +173,7 @@ fi
 
 case "$mode" in streaming|offline) ;; *) echo "run.sh: mode must be streaming or offline, not '$mode'" >&2; exit 2 ;; esac
 case "$llm_backend" in torch|trtllm) ;; *) echo "run.sh: --llm_backend must be torch or trtllm" >&2; exit 2 ;; esac
-case "$model" in spark_tts|cosyvoice2|cosyvoice2_dit) ;; *) echo "run.sh: --model must be spark_tts, cosyvoice2 or cosyvoice2_dit, not '$model'" >&2; exit 2 ;; esac
+case "$model" in spark_tts|cosyvoice2|cosyvoice2_dit|cosyvoice3) ;; *) echo "run.sh: --model must be spark_tts, cosyvoice2, cosyvoice2_dit or cosyvoice3, not '$model'" >&2; exit 2 ;; esac
 case "$dynamic_chunk_strategy" in exponential|fixed) ;; *) echo "run.sh: --dynamic_chunk_strategy must be exponential or fixed" >&2; exit 2 ;; esac
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
@@ -178,8 +182,8 @@ case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wa
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
 case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
-if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ]; then
-  echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2" >&2; exit 2
+if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ] && [ "$model" != cosyvoice3 ]; then
+  echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2 or cosyvoice3" >&2; exit 2
 fi
 if [ "$action" = run ] && [ "$model" = spark_tts ] && [ "$stage" -le 8 ] && [ "$stop_stage" -ge 7 ]; then
   echo "run.sh: stages 7-8 (disaggregated serving) are for --model cosyvoice2 or cosyvoice2_dit: the spark_tts BLS has no llm_endpoint" >&2
@@ -224,6 +228,13 @@ if [ "$model" = cosyvoice2 ] || [ "$model" = cosyvoice2_dit ]; then
     bls_model=cosyvoice2_dit
     leaf_models=(audio_tokenizer:audio_tokenizer token2wav:token2wav_dit)
   fi
+elif [ "$model" = cosyvoice3 ]; then
+  llm_subdir=hf_cosyvoice3_llm                 # the LLM as a Hugging Face Qwen2 (yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF)
+  token2wav_subdir=Fun-CosyVoice3-0.5B-2512    # yaml, front end, flow, HiFT, llm.pt (FunAudioLLM/Fun-CosyVoice3-0.5B-2512)
+  [ "$max_new_tokens" != auto ] || max_new_tokens=750
+  chunk_overlap=0                              # the BLS sends only new samples of a causal vocoder: back to back
+  templates=model_repo_cosyvoice3
+  bls_model=cosyvoice3
 else
   llm_subdir=LLM
   [ "$max_new_tokens" != auto ] || max_new_tokens=1500
@@ -284,6 +295,34 @@ write_cosyvoice2_models() {
   [ "$bls_model" = cosyvoice2_dit ] || bls_dir="model_dir:${abs_t2w_dir},"   # the DiT BLS has no cached speaker
   fill "$repo/$bls_model/config.pbtxt" \
     "${bls_dir}llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
+}
+
+# CosyVoice3's five models into repository $1 (audio_tokenizer and speaker_embedding are CosyVoice2's model.py,
+# linked, so -L copies the file); the BLS asks the OpenAI-compatible server at URL $2 for speech tokens (upstream's
+# topology) or, when $2 is empty, the tensorrt_llm model of the same repository.
+write_cosyvoice3_models() {
+  local repo=$1 endpoint=$2 abs_model_dir abs_t2w_dir abs_llm_dir front name llm_model=tensorrt_llm
+  abs_model_dir=$(cd "$model_dir" && pwd)
+  abs_t2w_dir=$abs_model_dir/$token2wav_subdir
+  abs_llm_dir=$abs_model_dir/$llm_subdir
+  front="model_dir:${abs_t2w_dir},${common},device:${model_device},max_reference_seconds:${max_reference_seconds}"
+  for name in audio_tokenizer speaker_embedding token2wav vocoder cosyvoice3; do
+    cp -rL "$templates/$name" "$repo/"
+  done
+  fill "$repo/audio_tokenizer/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}"
+  fill "$repo/speaker_embedding/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}"
+  fill "$repo/token2wav/config.pbtxt" \
+    "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}"
+  fill "$repo/vocoder/config.pbtxt" \
+    "model_dir:${abs_t2w_dir},${common},device:${model_device},instance_num:${vocoder_instance_num},max_seconds:${vocoder_max_seconds}"
+  [ -z "$endpoint" ] || llm_model=none
+  fill "$repo/cosyvoice3/config.pbtxt" \
+    "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"
+}
+
+# The BLS of --model and its leaf models into repository $1, the LLM at URL $2 or (empty) inside Triton.
+write_bls_models() {
+  if [ "$model" = cosyvoice3 ]; then write_cosyvoice3_models "$1" "$2"; else write_cosyvoice2_models "$1" "$2"; fi
 }
 
 # The benchmark client's options that stages 4 and 8 share, into the array bench_extra; writes the default
@@ -372,7 +411,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   abs_model_dir=$(cd "$model_dir" && pwd)
   abs_llm_dir=$abs_model_dir/$llm_subdir
   if [ "$model" != spark_tts ]; then
-    write_cosyvoice2_models "$model_repo" ""
+    write_bls_models "$model_repo" ""
   else
     for name in spark_tts audio_tokenizer vocoder; do
       cp -r "model_repo/$name" "$model_repo/"
@@ -448,7 +487,7 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ] && [ "$disagg_start" = false ];
   log "Stage 7: the repository $disagg_repo only, its BLS asking $llm_endpoint; no server started"
   rm -rf "$disagg_repo"
   mkdir -p "$disagg_repo"
-  write_cosyvoice2_models "$disagg_repo" "$llm_endpoint"
+  write_bls_models "$disagg_repo" "$llm_endpoint"
 elif [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
   log "Stage 7: LLM server ($llm_backend, GPUs $llm_gpus, port $llm_port) and $instances_per_gpu token2wav tritonserver(s) per GPU on GPUs $token2wav_gpus"
   running=0
@@ -460,7 +499,7 @@ elif [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
   fi
   rm -rf "$disagg_repo"
   mkdir -p "$disagg_repo"
-  write_cosyvoice2_models "$disagg_repo" "$llm_endpoint"
+  write_bls_models "$disagg_repo" "$llm_endpoint"
   disagg_cli start --model-repo "$disagg_repo" --address "$server_address" --timeout "$server_timeout" \
     --llm-backend "$llm_backend" --llm-model-dir "$llm_dir" --llm-engine-dir "$trt_engines_dir" \
     --llm-gpus "$llm_gpus" --llm-port "$llm_port" --llm-max-batch-size "$llm_server_max_batch_size" \
@@ -505,7 +544,7 @@ if [ "$stage" -le 9 ] && [ "$stop_stage" -ge 9 ]; then
 fi
 
 if [ "$stage" -le 10 ] && [ "$stop_stage" -ge 10 ]; then
-  if [ "$model" = spark_tts ]; then
+  if [ "$model" = spark_tts ] || [ "$model" = cosyvoice3 ]; then
     echo "run.sh: stage 10 (standalone token2wav) is for --model cosyvoice2 or cosyvoice2_dit" >&2
     exit 2
   fi

@@ -8,10 +8,16 @@ import sys
 from pathlib import Path
 
 from tritontts.cosyvoice2 import layout as cosyvoice2_layout
+from tritontts.cosyvoice3 import layout as cosyvoice3_layout
 from tritontts.dit_token2wav import layout as dit_layout
 from tritontts.spark import layout as spark_layout
 
-LAYOUTS = {"spark_tts": spark_layout, "cosyvoice2": cosyvoice2_layout, "cosyvoice2_dit": dit_layout}
+LAYOUTS = {
+    "spark_tts": spark_layout,
+    "cosyvoice2": cosyvoice2_layout,
+    "cosyvoice2_dit": dit_layout,
+    "cosyvoice3": cosyvoice3_layout,
+}
 OFFLINE_HINT = (
     "No network? Use --model_source synthetic-tiny (or synthetic-full) to write a synthetic checkpoint."
 )
@@ -72,6 +78,16 @@ def download_dit_token2wav(out: Path) -> None:
     download_huggingface(dit_layout.STEP_AUDIO_REPO, target, ["token2wav/*"])
 
 
+def download_cosyvoice3(source: str, out: Path) -> None:
+    """`FunAudioLLM/Fun-CosyVoice3-0.5B-2512` and its LLM in the HF layout (`yuekai/...-LLM-HF`), as upstream's
+    run_cosyvoice3.sh stage 0 (its third repository, FP16 ONNX for TensorRT, is not used here). HF hub only."""
+    if source != "huggingface":
+        fail("cosyvoice3 is downloaded from the huggingface hub only (as upstream's run_cosyvoice3.sh)")
+    for directory, repo in cosyvoice3_layout.HF_REPOS.items():
+        print(f"downloading {repo} from huggingface into {out / directory}")
+        download_huggingface(repo, out / directory)
+
+
 def write_synthetic(model: str, preset: str, out: Path, seed: int) -> None:
     if model == "spark_tts":
         from tritontts.synthetic.spark import write_spark_checkpoint
@@ -85,6 +101,10 @@ def write_synthetic(model: str, preset: str, out: Path, seed: int) -> None:
             from tritontts.synthetic.dit_token2wav import write_dit_token2wav
 
             write_dit_token2wav(out / dit_layout.TOKEN2WAV_DIR, preset=preset, seed=seed)
+    elif model == "cosyvoice3":
+        from tritontts.synthetic.cosyvoice3_checkpoint import write_cosyvoice3_checkpoint
+
+        write_cosyvoice3_checkpoint(out, preset=preset, seed=seed)
     else:
         fail(f"no synthetic generator for model {model}")
 
@@ -102,7 +122,7 @@ def main() -> None:
         type=Path,
         help="where hub and synthetic checkpoints go (not used for a local dir); "
         "for cosyvoice2 it receives CosyVoice2-0.5B/ and cosyvoice2_llm/, for cosyvoice2_dit also "
-        "Step-Audio-2-mini/token2wav/",
+        "Step-Audio-2-mini/token2wav/, for cosyvoice3 Fun-CosyVoice3-0.5B-2512/ and hf_cosyvoice3_llm/",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -119,7 +139,9 @@ def main() -> None:
             print(f"{out} is complete; nothing to download")
             return
         try:
-            if args.model in ("cosyvoice2", "cosyvoice2_dit"):
+            if args.model == "cosyvoice3":
+                download_cosyvoice3(source, out)
+            elif args.model in ("cosyvoice2", "cosyvoice2_dit"):
                 if cosyvoice2_layout.missing_files(out):
                     download_cosyvoice2(source, out)
                 if args.model == "cosyvoice2_dit":

@@ -150,7 +150,7 @@ def test_help_lists_the_cosyvoice2_knobs():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (["--model", "f5_tts"], "--model must be spark_tts, cosyvoice2 or cosyvoice2_dit"),
+        (["--model", "f5_tts"], "--model must be spark_tts, cosyvoice2, cosyvoice2_dit or cosyvoice3"),
         (["--model", "cosyvoice2", "--dynamic_chunk_strategy", "linear"], "--dynamic_chunk_strategy"),
         (["--model", "cosyvoice2", "--token2wav_dtype", "int8"], "--token2wav_dtype"),
         (["--model", "cosyvoice2", "--token2wav_cuda_graphs", "on"], "--token2wav_cuda_graphs must be"),
@@ -322,7 +322,7 @@ DISAGGREGATED_OPTIONS = {
 def test_help_names_stages_7_8_and_their_options_only():
     done = subprocess.run(["bash", "run.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
-    assert "7  disaggregated serving (cosyvoice2, cosyvoice2_dit)" in done.stdout
+    assert "7  disaggregated serving (cosyvoice2, cosyvoice2_dit, cosyvoice3)" in done.stdout
     assert "8  benchmark client (gRPC) spread over the token2wav servers of stage 7" in done.stdout
     for option, default in DISAGGREGATED_OPTIONS.items():
         assert f"\n  --{option} [{default}] stage 7" in done.stdout

@@ -63,6 +63,8 @@ def create_pipeline(
         from tritontts.bench.offline_spark import create_pipeline
     elif settings.model == "cosyvoice2":
         from tritontts.bench.offline_cosyvoice2 import create_pipeline
+    elif settings.model == "cosyvoice3":
+        from tritontts.bench.offline_cosyvoice3 import create_pipeline
     else:
         from tritontts.bench.offline_cosyvoice2_dit import create_pipeline
     return create_pipeline(settings, rows, device)

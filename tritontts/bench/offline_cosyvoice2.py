@@ -170,11 +170,18 @@ class LLMSide:
     report: dict
 
 
-def llm_side(settings: OfflineSettings, rows: Sequence[Utterance], device: torch.device) -> LLMSide:
+def llm_side(
+    settings: OfflineSettings,
+    rows: Sequence[Utterance],
+    device: torch.device,
+    llm_subdir: str = LLM_DIR,
+    prompter_class: Any = CosyVoice2Prompt,
+) -> LLMSide:
     """The backend: in process on `cosyvoice2_llm/`, or the chat endpoint (its tokenizer still read here);
-    an unreachable endpoint fails here, before token2wav loads."""
-    llm_dir = Path(settings.model_dir) / LLM_DIR
-    prompter = CosyVoice2Prompt.from_llm_dir(llm_dir)
+    an unreachable endpoint fails here, before token2wav loads. `llm_subdir` and `prompter_class` serve
+    CosyVoice3 (its HF LLM folder and prompt layout)."""
+    llm_dir = Path(settings.model_dir) / llm_subdir
+    prompter = prompter_class.from_llm_dir(llm_dir)
     decoding = decoding_of(prompter)
     max_new_tokens = settings.max_new_tokens or MAX_NEW_TOKENS
     if settings.backend == "openai":

@@ -11,9 +11,9 @@ from tritontts.devices import DTYPES
 
 BACKENDS = ("torch", "hf", "trtllm", "openai")
 BACKEND_ALIASES = {"trtllm-serve": "openai"}
-CHAT_BACKEND_MODELS = ("cosyvoice2", "cosyvoice2_dit")
+CHAT_BACKEND_MODELS = ("cosyvoice2", "cosyvoice2_dit", "cosyvoice3")
 """the models whose LLM prompt the `openai` backend can send as chat messages"""
-MODELS = ("spark_tts", "cosyvoice2", "cosyvoice2_dit")
+MODELS = ("spark_tts", "cosyvoice2", "cosyvoice2_dit", "cosyvoice3")
 TOKEN2WAV_DTYPES = ("auto", *DTYPES)
 MISSING_ENDPOINT = (
     "the openai backend needs --llm-endpoint URL, the /v1/chat/completions of an OpenAI-compatible LLM server "

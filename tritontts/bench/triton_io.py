@@ -15,13 +15,13 @@ import numpy as np
 from tritontts.dsp.resample import resample
 
 REFERENCE_SAMPLE_RATE = 16000
-OUTPUT_SAMPLE_RATES = {"spark_tts": 16000, "cosyvoice2": 24000, "f5_tts": 24000}
+OUTPUT_SAMPLE_RATES = {"spark_tts": 16000, "cosyvoice2": 24000, "cosyvoice3": 24000, "f5_tts": 24000}
 # Speech tokens per second of audio, for --realistic-lengths.
-TOKEN_RATES = {"spark_tts": 50, "cosyvoice2": 25}
+TOKEN_RATES = {"spark_tts": 50, "cosyvoice2": 25, "cosyvoice3": 25}
 # Seconds consecutive streamed chunks overlap: Spark-TTS's BLS sends overlapping chunks for the client to
-# cross-fade (its audio_chunk_overlap_duration); CosyVoice2's token2wav cross-fades itself, so its chunks
-# play back to back.
-CHUNK_OVERLAP_SECONDS = {"spark_tts": 0.1, "cosyvoice2": 0.0}
+# cross-fade (its audio_chunk_overlap_duration); CosyVoice2's token2wav cross-fades itself and CosyVoice3's BLS
+# sends only new samples of a causal vocoder, so their chunks play back to back.
+CHUNK_OVERLAP_SECONDS = {"spark_tts": 0.1, "cosyvoice2": 0.0, "cosyvoice3": 0.0}
 INPUT_NAMES = ("reference_wav", "reference_wav_len", "reference_text", "target_text")
 OUTPUT_NAME = "waveform"
 

@@ -142,12 +142,15 @@ class SpeakerEmbedder:
         return self.embed_fbank(speaker_fbank(torch.from_numpy(wav)).numpy())
 
 
-def prompt_speech_feat(wav_24k: np.ndarray | torch.Tensor) -> np.ndarray:
-    """24 kHz mono audio `[L]` → fp32 prompt mel `[L // 480, 80]` (time first, as the flow takes it)."""
+def prompt_speech_feat(
+    wav_24k: np.ndarray | torch.Tensor, config: MatchaMelConfig = PROMPT_MEL
+) -> np.ndarray:
+    """24 kHz mono audio `[L]` → fp32 prompt mel `[L // 480, 80]` (time first, as the flow takes it);
+    `config` is the model's `feat_extractor` (CosyVoice3's has fmax 12 kHz)."""
     wav = torch.as_tensor(wav_24k, dtype=torch.float32)
     if wav.ndim != 1:
         raise ValueError(f"prompt_speech_feat takes one mono waveform [L], got shape {tuple(wav.shape)}")
-    return matcha_mel(wav, PROMPT_MEL).T.contiguous().numpy()
+    return matcha_mel(wav, config).T.contiguous().numpy()
 
 
 def align_prompt_lengths(tokens: np.ndarray, feat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -172,9 +175,12 @@ class CosyVoice2Frontend:
     Each ONNX session is created once, here; upstream runs CAMPPlus on CPU and the tokenizer on the GPU.
     """
 
-    def __init__(self, tokenizer: SpeechTokenizer, speaker: SpeakerEmbedder) -> None:
+    def __init__(
+        self, tokenizer: SpeechTokenizer, speaker: SpeakerEmbedder, prompt_mel: MatchaMelConfig = PROMPT_MEL
+    ) -> None:
         self.tokenizer = tokenizer
         self.speaker = speaker
+        self.prompt_mel = prompt_mel
 
     @classmethod
     def from_model_dir(
@@ -191,7 +197,8 @@ class CosyVoice2Frontend:
         wav = check_waveform(wav_16k, INPUT_SAMPLE_RATE, TOKENIZER_LIMITS, name)
         samples = torch.from_numpy(wav)
         tokens = self.tokenizer.tokens_from_mel(whisper_log_mel(samples, TOKENIZER_MELS).numpy())
-        feat = prompt_speech_feat(hann_sinc_resample(samples, INPUT_SAMPLE_RATE, PROMPT_MEL.sampling_rate))
+        wav_24k = hann_sinc_resample(samples, INPUT_SAMPLE_RATE, self.prompt_mel.sampling_rate)
+        feat = prompt_speech_feat(wav_24k, self.prompt_mel)
         tokens, feat = align_prompt_lengths(tokens, feat)
         embedding = self.speaker.embed_fbank(speaker_fbank(samples).numpy())
         return PromptFeatures(speech_tokens=tokens, speech_feat=feat, spk_embedding=embedding)

@@ -11,8 +11,9 @@ The callables it is given reach the other models (through BLS calls under Triton
   `token_offset None` one offline call, else one call of a stream (upstream's `token2wav` inputs).
 
 A voice without features (`speech_feat None`) is the deployment's cached speaker: token2wav uses its own copy.
-With `flow_prompt=False` (the DiT token2wav, which makes its prompt from the reference audio itself) a voice holds
-the reference's speech tokens, uncut, and the audio instead of the mel and embedding, and `embed` is not called.
+`prompt_mel` is the flow's prompt mel (CosyVoice3's differs). With `flow_prompt=False` (the DiT token2wav,
+which makes its prompt from the reference audio itself) a voice holds the reference's speech tokens, uncut, and
+the audio instead of the mel and embedding, and `embed` is not called.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tritontts.cosyvoice2.prompt import CosyVoice2Prompt
 from tritontts.cosyvoice2.spk2info import CachedSpeaker
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
+from tritontts.dsp.matcha_mel import MatchaMelConfig
 from tritontts.llm.sequence import SamplingParams
 from tritontts.spark.service import RequestLimits, TokenBudget, check_reference_wav, check_text
 from tritontts.stage_timer import StageTimer
@@ -85,10 +87,12 @@ def check_request(
     return CosyVoice2Request(wav, text, check_text(target_text, "target_text", limits), tokens)
 
 
-def prompt_features(wav_16k: np.ndarray, speech_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def prompt_features(
+    wav_16k: np.ndarray, speech_tokens: np.ndarray, prompt_mel: MatchaMelConfig = PROMPT_MEL
+) -> tuple[np.ndarray, np.ndarray]:
     """The 24 kHz prompt mel of a reference and its tokens, cut to each other's length as upstream does."""
-    wav_24k = hann_sinc_resample(torch.from_numpy(wav_16k), INPUT_SAMPLE_RATE, PROMPT_MEL.sampling_rate)
-    tokens, feat = align_prompt_lengths(speech_tokens, prompt_speech_feat(wav_24k))
+    wav_24k = hann_sinc_resample(torch.from_numpy(wav_16k), INPUT_SAMPLE_RATE, prompt_mel.sampling_rate)
+    tokens, feat = align_prompt_lengths(speech_tokens, prompt_speech_feat(wav_24k, prompt_mel))
     return tokens.astype(np.int32), feat
 
 
@@ -118,6 +122,7 @@ class CosyVoice2Service:
         voice_cache_size: int = 256,
         generate_chat: GenerateChat | None = None,
         flow_prompt: bool = True,
+        prompt_mel: MatchaMelConfig = PROMPT_MEL,
     ) -> None:
         self.prompter = prompter
         self.tokenize = tokenize
@@ -131,6 +136,7 @@ class CosyVoice2Service:
         self.limits = limits or RequestLimits()
         self.voices: VoiceCache[Voice] = VoiceCache(voice_cache_size)
         self.flow_prompt = flow_prompt
+        self.prompt_mel = prompt_mel
 
     def voice(self, request: CosyVoice2Request) -> Voice:
         if request.reference_wav is None:
@@ -148,7 +154,7 @@ class CosyVoice2Service:
     def _new_voice(self, wav: np.ndarray) -> Voice:
         if not self.flow_prompt:
             return Voice("", np.asarray(self.tokenize(wav), dtype=np.int32).reshape(-1), reference_wav=wav)
-        tokens, feat = prompt_features(wav, self.tokenize(wav))
+        tokens, feat = prompt_features(wav, self.tokenize(wav), self.prompt_mel)
         return Voice("", tokens, feat, np.asarray(self.embed(wav), dtype=np.float32).reshape(-1))
 
     def _speech(self, request: CosyVoice2Request, streaming: bool) -> tuple[Voice, Iterator[np.ndarray]]:

@@ -203,13 +203,15 @@ def write_qwen2_tokenizer(
     special: SpecialTokens,
     chat_template: str | None = None,
     slow_files_only: bool = False,
+    bpe: tuple[dict[str, int], list[list[str]]] | None = None,
 ) -> Path:
     """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json, added_tokens.json, vocab.json
     and merges.txt into `out_dir`; `slow_files_only` writes just tokenizer_config.json, vocab.json and
-    merges.txt (a tokenizer that transformers builds from them). Returns `out_dir`."""
+    merges.txt (a tokenizer that transformers builds from them). `bpe` (vocab, merges) replaces the locally
+    trained BPE (a converter writing a real tokenizer's). Returns `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab, merges = qwen2_bpe_vocab()
+    vocab, merges = bpe if bpe is not None else qwen2_bpe_vocab()
     if not slow_files_only:
         _write_json(out_dir / "tokenizer.json", _tokenizer_json(vocab, merges, added), indent=None)
     _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(added, special, chat_template))

@@ -1,6 +1,8 @@
 """CosyVoice2 speech tokenizer: each request's reference audio → speech tokens + 151663 (upstream's ids).
 
 A voice cache (content hash → tokens) spares repeated reference audios; hits and misses are Triton metrics.
+The parameters `tokenizer_file` and `id_offset` (defaults: speech_tokenizer_v2.onnx, 151663) let CosyVoice3's
+model repository serve this model with `speech_tokenizer_v3.onnx` and raw ids (offset 0), as its upstream does.
 """
 
 import json
@@ -23,9 +25,11 @@ class TritonPythonModel:
         enable_stack_dumps()
         config = json.loads(args["model_config"])
         model_dir = model_param(config, "model_dir")
+        tokenizer_file = model_param(config, "tokenizer_file", default=SPEECH_TOKENIZER_FILE)
         self.tokenizer = SpeechTokenizer(
-            f"{model_dir}/{SPEECH_TOKENIZER_FILE}", model_param(config, "device", default="auto")
+            f"{model_dir}/{tokenizer_file}", model_param(config, "device", default="auto")
         )
+        self.id_offset = model_param(config, "id_offset", int, default=ORIGINAL_VOCAB_SIZE)
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=min(max_seconds, 30.0)))
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
@@ -35,7 +39,7 @@ class TritonPythonModel:
         wav = check_reference_wav(waveform_input(pb_utils, request), self.limits)
         key = audio_key(wav, INPUT_SAMPLE_RATE, "cosyvoice2_speech_tokens")
         tokens, hit = self.cache.get_or_compute(
-            key, lambda: self.tokenizer(wav).astype(np.int32) + ORIGINAL_VOCAB_SIZE
+            key, lambda: self.tokenizer(wav).astype(np.int32) + self.id_offset
         )
         self.counters.count(hit)
         return tokens

@@ -31,11 +31,13 @@ class LinearEmbedding(nn.Module):
 
 
 class PreLookaheadLayer(nn.Module):
-    def __init__(self, channels: int, pre_lookahead_len: int):
+    def __init__(self, channels: int, pre_lookahead_len: int, hidden_channels: int | None = None):
+        """`hidden_channels` between the two convolutions (CosyVoice3: 80 → 1024 → 80); default `channels`."""
         super().__init__()
+        hidden = channels if hidden_channels is None else hidden_channels
         self.pre_lookahead_len = pre_lookahead_len
-        self.conv1 = nn.Conv1d(channels, channels, kernel_size=pre_lookahead_len + 1)
-        self.conv2 = nn.Conv1d(channels, channels, kernel_size=3)
+        self.conv1 = nn.Conv1d(channels, hidden, kernel_size=pre_lookahead_len + 1)
+        self.conv2 = nn.Conv1d(hidden, channels, kernel_size=3)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """x [B, T, C]; context [B, pre_lookahead_len, C] (the tokens after x) or None (zeros)."""

@@ -1,0 +1,1 @@
+../../../model_repo_cosyvoice2/audio_tokenizer/1/model.py

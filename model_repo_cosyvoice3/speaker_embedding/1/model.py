@@ -1,0 +1,1 @@
+../../../model_repo_cosyvoice2/speaker_embedding/1/model.py

@@ -1,0 +1,45 @@
+"""CosyVoice3 vocoder: mel → 24 kHz audio with the causal HiFT (fp32), one request at a time, stateless.
+
+The work is in tritontts.cosyvoice3.hift (the model) and tritontts.cosyvoice3.wire (the inputs)."""
+
+import json
+
+import torch
+import triton_python_backend_utils as pb_utils
+
+from tritontts.cosyvoice3.hift import load_causal_hift
+from tritontts.cosyvoice3.wire import parse_vocoder_inputs
+from tritontts.devices import resolve_device
+from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.params import error_response, model_param, optional_input
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        enable_stack_dumps()
+        config = json.loads(args["model_config"])
+        self.device = resolve_device(model_param(config, "device", default="auto"))
+        max_seconds = model_param(config, "max_seconds", float, default=300.0)
+        self.hift = load_causal_hift(
+            model_param(config, "model_dir"), device=self.device, max_seconds=max_seconds
+        )
+
+    def _speech(self, request):
+        mel, finalize = parse_vocoder_inputs(
+            optional_input(pb_utils, request, "mel"),
+            optional_input(pb_utils, request, "finalize"),
+            self.hift.lookahead_frames,
+        )
+        with torch.inference_mode():
+            speech, _ = self.hift.inference(mel.to(self.device), finalize)
+        return speech.float().cpu().numpy().reshape(1, -1)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                speech = self._speech(request)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("tts_speech", speech)]))
+            except Exception as err:
+                responses.append(error_response(pb_utils, err))
+        return responses
