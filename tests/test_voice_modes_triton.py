@@ -6,9 +6,13 @@ streamed; a `voice_profile` request and a request that brings the profile, which
 from __future__ import annotations
 
 import queue
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 import tritonclient.grpc as grpcclient
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
@@ -29,6 +33,7 @@ TRITON_MODELS = [
     build_cosyvoice2_dit_models,
 ]
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 TARGET = "身临其境，换新体验。"
 INSTRUCT = "用四川话说这句话<|endofprompt|>"
 SPARK_HOP, COSY_SAMPLES_PER_TOKEN = 320, 960
@@ -339,3 +344,28 @@ def test_a_profile_of_another_checkpoint_is_refused(server, reference):
     both = values | profile.request_arrays() | with_reference(reference[:16000], "")
     with pytest.raises(InferenceServerException, match="voice_global_tokens: send either"):
         infer(server, "spark_tts_offline", both)
+
+
+@pytest.mark.parametrize(
+    "model,flags",
+    [
+        ("voice_spark_tts_offline", ["--gender", "female", "--pitch", "low"]),
+        ("cosyvoice2_offline", ["--cross-lingual"]),
+        ("cosyvoice2_offline", ["--instruct-text", INSTRUCT]),
+    ],
+)
+def test_client_http_mode_flags(server, prompt_zh, tmp_path, model, flags):
+    out = tmp_path / "out.wav"
+    command = [
+        sys.executable,
+        str(ROOT / "client_http.py"),
+        "--server-url",
+        server.http_url,
+        "--model-name",
+        model,
+    ]
+    command += ["--reference-audio", str(prompt_zh), "--output-audio", str(out), *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    audio, rate = soundfile.read(out)
+    assert audio.size > 0 and rate == (16000 if "spark" in model else 24000)
