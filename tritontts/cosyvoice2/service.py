@@ -10,11 +10,6 @@ The callables it is given reach the other models (through BLS calls under Triton
 - `token2wav(tokens, voice, token_offset, finalize, stream_id) -> float32 audio`: tokens 0..6560 so far; with
   `token_offset None` one offline call, else one call of a stream (upstream's `token2wav` inputs).
 
-Modes (upstream's front ends): `zero_shot` (the transcript and the reference's speech tokens prompt the LLM),
-`cross_lingual` (neither) and `instruct2` (an instruction instead of both); the flow takes the voice in all three.
-A voice comes from the reference audio (the front-end models, through the voice cache), from a saved profile
-(`profile`: no front-end call) or is the deployment's cached speaker.
-
 A voice without features (`speech_feat None`) is the deployment's cached speaker: token2wav uses its own copy.
 `prompt_mel` is the flow's prompt mel (CosyVoice3's differs). With `flow_prompt=False` (the DiT token2wav,
 which makes its prompt from the reference audio itself) a voice holds the reference's speech tokens, uncut, and
@@ -30,14 +25,12 @@ import numpy as np
 import torch
 
 from tritontts.cosyvoice2.frontend import (
-    EMBEDDING_DIM,
-    FEAT_FRAMES_PER_TOKEN,
     INPUT_SAMPLE_RATE,
     PROMPT_MEL,
     align_prompt_lengths,
     prompt_speech_feat,
 )
-from tritontts.cosyvoice2.prompt import MODES, CosyVoice2Prompt, check_speech_tokens
+from tritontts.cosyvoice2.prompt import CosyVoice2Prompt
 from tritontts.cosyvoice2.spk2info import CachedSpeaker
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
@@ -75,61 +68,6 @@ class CosyVoice2Request:
     reference_text: str
     target_text: str
     tokens: TokenBudget | None = None
-    mode: str = "zero_shot"
-    instruct_text: str = ""
-    profile: Voice | None = None
-    """a saved voice's prompt features (`voice_*` inputs): the front-end models are not called"""
-
-
-@dataclass(frozen=True)
-class ProfileInputs:
-    """The `voice_*` inputs of a request, unchecked."""
-
-    speech_tokens: np.ndarray
-    speech_feat: np.ndarray | None = None
-    spk_embedding: np.ndarray | None = None
-
-
-def check_mode(mode: str | None, instruct_text: str | None) -> str:
-    """The request's mode: the `mode` parameter, else `instruct2` with an instruct_text, else `zero_shot`."""
-    if mode is None:
-        return "instruct2" if instruct_text is not None else "zero_shot"
-    if mode not in MODES:
-        raise RequestError("mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "instruct2" and instruct_text is None:
-        raise RequestError("instruct_text", "is required in mode instruct2")
-    if mode != "instruct2" and instruct_text is not None:
-        raise RequestError("instruct_text", f"is only read in mode instruct2, not {mode}")
-    return mode
-
-
-def check_profile(inputs: ProfileInputs, flow_prompt: bool) -> Voice:
-    """A profile's arrays, checked: tokens 0..6560; with the flow's prompt, a mel of 2 frames per token and a
-    192-value embedding."""
-    try:
-        tokens = np.asarray(check_speech_tokens(inputs.speech_tokens.reshape(-1), "voice_speech_tokens"))
-    except ValueError as err:
-        raise RequestError("voice_speech_tokens", str(err).split(": ", 1)[-1]) from None
-    tokens = tokens.astype(np.int32)
-    if not flow_prompt:
-        return Voice("", tokens)
-    for name, value in (
-        ("voice_speech_feat", inputs.speech_feat),
-        ("voice_spk_embedding", inputs.spk_embedding),
-    ):
-        if value is None:
-            raise RequestError(name, "is required with voice_speech_tokens")
-    feat = np.asarray(inputs.speech_feat, dtype=np.float32)
-    if feat.shape != (FEAT_FRAMES_PER_TOKEN * tokens.size, PROMPT_MEL.num_mels):
-        raise RequestError(
-            "voice_speech_feat",
-            f"must be [{FEAT_FRAMES_PER_TOKEN * tokens.size}, {PROMPT_MEL.num_mels}] for {tokens.size} tokens, "
-            f"got {list(feat.shape)}",
-        )
-    embedding = np.asarray(inputs.spk_embedding, dtype=np.float32).reshape(-1)
-    if embedding.size != EMBEDDING_DIM:
-        raise RequestError("voice_spk_embedding", f"must hold {EMBEDDING_DIM} values, got {embedding.size}")
-    return Voice("", tokens, feat, embedding)
 
 
 def check_request(
@@ -138,32 +76,15 @@ def check_request(
     target_text: str,
     limits: RequestLimits,
     tokens: TokenBudget | None = None,
-    mode: str = "zero_shot",
-    instruct_text: str | None = None,
-    profile: Voice | None = None,
-    profile_needs_wav: bool = False,
 ) -> CosyVoice2Request:
-    """zero_shot: a reference (audio or profile) and its transcript, or neither (the cached speaker speaks);
-    cross_lingual and instruct2: a reference or none, and no transcript. target_text is required."""
-    if profile is not None and reference_wav is None and profile_needs_wav:
-        raise RequestError(
-            "reference_wav", "is required with a voice profile here: token2wav takes the audio"
-        )
-    if profile is not None and reference_wav is not None and not profile_needs_wav:
-        raise RequestError("voice_speech_tokens", "send either reference_wav or a voice profile, not both")
-    has_reference = reference_wav is not None or profile is not None
-    if mode != "zero_shot" and reference_text is not None:
-        raise RequestError("reference_text", f"is not read in mode {mode} (upstream's front end drops it)")
-    if mode == "zero_shot" and not has_reference and reference_text is not None:
+    """Both reference inputs or neither (then the cached speaker speaks); target_text is required."""
+    if reference_wav is None and reference_text is not None:
         raise RequestError("reference_wav", "is required when reference_text is given")
-    if mode == "zero_shot" and has_reference and reference_text is None:
+    if reference_wav is not None and reference_text is None:
         raise RequestError("reference_text", "is required when reference_wav is given")
     wav = None if reference_wav is None else check_reference_wav(reference_wav, limits)
     text = "" if reference_text is None else check_text(reference_text, "reference_text", limits)
-    instruct = "" if instruct_text is None else check_text(instruct_text, "instruct_text", limits)
-    return CosyVoice2Request(
-        wav, text, check_text(target_text, "target_text", limits), tokens, mode, instruct, profile
-    )
+    return CosyVoice2Request(wav, text, check_text(target_text, "target_text", limits), tokens)
 
 
 def prompt_features(
@@ -218,8 +139,6 @@ class CosyVoice2Service:
         self.prompt_mel = prompt_mel
 
     def voice(self, request: CosyVoice2Request) -> Voice:
-        if request.profile is not None:
-            return replace(request.profile, text=request.reference_text, reference_wav=request.reference_wav)
         if request.reference_wav is None:
             if self.default_voice is None:
                 raise RequestError("reference_wav", "is required: this deployment has no cached speaker")
@@ -231,10 +150,6 @@ class CosyVoice2Service:
             voice = self._new_voice(wav)
             self.voices.put(key, voice)
         return replace(voice, text=request.reference_text)
-
-    def profile(self, wav: np.ndarray) -> Voice:
-        """A checked reference's prompt features for a saved voice's profile: from the models, not the cache."""
-        return self._new_voice(wav)
 
     def _new_voice(self, wav: np.ndarray) -> Voice:
         if not self.flow_prompt:
@@ -254,21 +169,14 @@ class CosyVoice2Service:
             sampling = replace(
                 sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
             )
-        no_speech = np.zeros(0, dtype=np.int32)
-        prefix, speech = {
-            "zero_shot": (voice.text, voice.speech_tokens),
-            "cross_lingual": ("", no_speech),
-            "instruct2": (request.instruct_text, no_speech),
-        }[request.mode]
-        if self.generate_chat is not None:  # the chat server tokenizes prefix and target together
-            return self.generate_chat(prefix, request.target_text, speech, sampling, streaming)
-        if request.mode == "instruct2":
-            ids = self.prompter.instruct2_ids(request.instruct_text, request.target_text)
-        elif request.mode == "cross_lingual":
-            ids = self.prompter.cross_lingual_ids(request.target_text)
-        else:
-            ids = self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens)
-        return self.generate(np.asarray(ids, dtype=np.int32), sampling, streaming)
+        if self.generate_chat is not None:
+            return self.generate_chat(
+                voice.text, request.target_text, voice.speech_tokens, sampling, streaming
+            )
+        prompt = np.asarray(
+            self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens), dtype=np.int32
+        )
+        return self.generate(prompt, sampling, streaming)
 
     def synthesize(self, request: CosyVoice2Request, request_id: str) -> np.ndarray:
         voice, pieces = self._speech(request, streaming=False)

@@ -23,23 +23,15 @@ from tritonclient.utils import InferenceServerException
 from tritontts.bench import triton_io
 from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, unavailable
 from tritontts.openai_api.settings import ModelRoute
+from tritontts.openai_api.voices import Voice
 from tritontts.streaming import StreamCrossfader
-from tritontts.voice_profile import KIND_ARRAYS, OUTPUT_PREFIX, PROFILE_PARAMETER, VoiceProfile
 
 REQUEST_FIELDS = {
     "target_text": "input",
     "reference_text": "voice",
     "reference_wav": "voice",
     "reference_wav_len": "voice",
-    "instruct_text": "instructions",
-    "mode": "instructions",
-    "gender": "voice",
-    "pitch": "voice",
-    "speed": "speed",
-    "voice_checkpoint": "voice",
 }
-CLONE_ONLY = frozenset({"clone"})
-"""A BLS whose config names no `voice_modes` (upstream's, an older one): reference audio voices only."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +42,6 @@ class Deployment:
     streaming_model: str | None
     offline_model: str | None
     overlap_samples: int = 0
-    modes: frozenset[str] = CLONE_ONLY
-    """the BLS's `voice_modes` parameter: clone, create (Spark-TTS), cross_lingual, instruct2 (CosyVoice2)"""
-    profile_kind: str | None = None
-    """the BLS's `voice_profile_kind` parameter; None: it takes no saved voice profiles"""
 
 
 @dataclass(frozen=True)
@@ -61,12 +49,6 @@ class _ModelInfo:
     decoupled: bool
     overlap_seconds: float
     checked_at: float
-    modes: frozenset[str] = CLONE_ONLY
-    profile_kind: str | None = None
-
-
-def _parameter(config: dict, key: str) -> str:
-    return ((config.get("parameters") or {}).get(key) or {}).get("string_value") or ""
 
 
 def triton_error(error: InferenceServerException) -> ApiError:
@@ -130,16 +112,10 @@ class TritonTTS:
                 raise unavailable(f"cannot reach Triton at {self.url}: {err.message()}") from None
             self._models[name] = None
             return None
-        overlap = _parameter(config, "audio_chunk_overlap_duration") or "0"
-        modes = frozenset(m.strip() for m in _parameter(config, "voice_modes").split(",") if m.strip())
-        kind = _parameter(config, "voice_profile_kind")
-        info = _ModelInfo(
-            triton_io.is_decoupled(config),
-            float(overlap or 0),
-            time.monotonic(),
-            modes or CLONE_ONLY,
-            kind if kind in KIND_ARRAYS else None,
+        overlap = (config.get("parameters", {}).get("audio_chunk_overlap_duration") or {}).get(
+            "string_value", "0"
         )
+        info = _ModelInfo(triton_io.is_decoupled(config), float(overlap or 0), time.monotonic())
         self._models[name] = info
         return info
 
@@ -154,72 +130,32 @@ class TritonTTS:
         if streaming is not None:
             info = infos[route.triton_models.index(streaming)]
             overlap = int(round(info.overlap_seconds * route.sample_rate))
-        info = next(i for i in infos if i)
-        return Deployment(route, streaming, offline, overlap, info.modes, info.profile_kind)
+        return Deployment(route, streaming, offline, overlap)
 
-    def _request(
-        self, model: str, arrays: dict[str, np.ndarray], parameters: dict | None, outputs: list | None = None
-    ) -> dict:
-        merged = {**(self.parameters or {}), **(parameters or {})}
+    def _request(self, model: str, voice: Voice, text: str) -> dict:
+        arrays = triton_io.request_arrays(voice.samples, voice.transcript, text)
         return {
             "model_name": model,
             "inputs": triton_io.infer_inputs(grpcclient, arrays),
-            "outputs": outputs or triton_io.requested_outputs(grpcclient),
+            "outputs": triton_io.requested_outputs(grpcclient),
             "request_id": uuid.uuid4().hex,
-            "parameters": merged or None,
+            "parameters": self.parameters,
         }
 
-    async def profile(self, deployment: Deployment, arrays: dict[str, np.ndarray]) -> VoiceProfile:
-        """The BLS's profile of the reference in `arrays` (a `voice_profile` request; the offline model if any)."""
-        kind = deployment.profile_kind
-        if kind is None:
-            raise bad_request(f"model '{deployment.route.name}' takes no voice profiles", "voice")
-        names = [OUTPUT_PREFIX + n for n in KIND_ARRAYS[kind]] + ["profile_checkpoint"]
-        outputs = [grpcclient.InferRequestedOutput(n) for n in names]
-        request = self._request(
-            deployment.offline_model or deployment.streaming_model, arrays, {PROFILE_PARAMETER: True}, outputs
-        )
-        try:
-            if deployment.offline_model is not None:
-                result = await self.client.infer(**request, client_timeout=self.request_timeout_s)
-            else:
-                result = await self._first_stream_result(request)
-        except InferenceServerException as err:
-            raise triton_error(err) from None
-        return VoiceProfile.from_outputs(kind, {n: result.as_numpy(n) for n in names})
-
-    async def _first_stream_result(self, request: dict):
-        async def one_request():
-            yield request
-
-        responses = self.client.stream_infer(one_request(), stream_timeout=self.request_timeout_s)
-        try:
-            async for result, error in responses:
-                if error is not None:
-                    raise error
-                return result
-        finally:
-            responses.cancel()
-        raise InferenceServerException("the stream ended without a response")
-
-    async def synthesize(
-        self, deployment: Deployment, arrays: dict[str, np.ndarray], parameters: dict | None = None
-    ) -> np.ndarray:
+    async def synthesize(self, deployment: Deployment, voice: Voice, text: str) -> np.ndarray:
         """The whole utterance: the offline model, else the decoupled model's stream joined."""
         if deployment.offline_model is None:
             crossfader = StreamCrossfader(deployment.overlap_samples)
-            pieces = [crossfader.push(chunk) async for chunk in self.stream(deployment, arrays, parameters)]
+            pieces = [crossfader.push(chunk) async for chunk in self.stream(deployment, voice, text)]
             return np.concatenate([*pieces, crossfader.finish()])
-        request = self._request(deployment.offline_model, arrays, parameters)
+        request = self._request(deployment.offline_model, voice, text)
         try:
             result = await self.client.infer(**request, client_timeout=self.request_timeout_s)
         except InferenceServerException as err:
             raise triton_error(err) from None
         return triton_io.waveform(result)
 
-    async def stream(
-        self, deployment: Deployment, arrays: dict[str, np.ndarray], parameters: dict | None = None
-    ) -> AsyncIterator[np.ndarray]:
+    async def stream(self, deployment: Deployment, voice: Voice, text: str) -> AsyncIterator[np.ndarray]:
         """The decoupled model's chunks as they come (overlapping; see StreamCrossfader). Closing the
         iterator early cancels the Triton request."""
         if deployment.streaming_model is None:
@@ -229,7 +165,7 @@ class TritonTTS:
                 "stream_format",
                 "streaming_unavailable",
             )
-        request = self._request(deployment.streaming_model, arrays, parameters)
+        request = self._request(deployment.streaming_model, voice, text)
 
         async def one_request():
             yield request

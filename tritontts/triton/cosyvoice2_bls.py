@@ -5,11 +5,6 @@ here) and `cosyvoice2_dit` (token2wav_dit, which takes the reference audio and m
 upstream's). The LLM is the server's `tensorrt_llm` model, or, with the parameter `llm_endpoint` (the URL of an
 OpenAI-compatible `/v1/chat/completions`, such as trtllm-serve's), an LLM server elsewhere (disaggregated
 serving).
-
-Beyond upstream's inputs: the request parameter `mode` (zero_shot, cross_lingual, instruct2) with the input
-`instruct_text`; a saved voice's profile (`voice_speech_tokens`, and for the flow `voice_speech_feat`,
-`voice_spk_embedding`; `voice_checkpoint`) that spares the audio_tokenizer and speaker_embedding calls; and the
-parameter `voice_profile: true`, which answers with a reference's profile instead of audio.
 """
 
 from __future__ import annotations
@@ -24,35 +19,18 @@ import numpy as np
 from tritontts.audio import AudioLimits
 from tritontts.cosyvoice2.llm_http import ChatEndpoint, ChatSpeechClient
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, Decoding
-from tritontts.cosyvoice2.service import (
-    CosyVoice2Request,
-    CosyVoice2Service,
-    ProfileInputs,
-    Voice,
-    check_mode,
-    check_profile,
-    check_request,
-)
+from tritontts.cosyvoice2.service import CosyVoice2Request, CosyVoice2Service, Voice, check_request
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.cosyvoice2.wire import token2wav_arrays
 from tritontts.dit_token2wav.wire import dit_token2wav_arrays
-from tritontts.spark.service import RequestLimits, check_reference_wav, check_token_budget
+from tritontts.spark.service import RequestLimits, check_token_budget
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.metrics import StageSeconds
-from tritontts.triton.params import RequestError, error_response, model_param, optional_input, string_input
+from tritontts.triton.params import error_response, model_param, optional_input, string_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.sequence import call_flags
 from tritontts.triton.stream_sender import serve_stream
-from tritontts.triton.voice_profile_io import (
-    CheckpointMarker,
-    answer_profile,
-    optional_row,
-    optional_string,
-    request_parameters,
-    wants_profile,
-)
-from tritontts.voice_profile import VoiceProfile
 
 STRATEGIES = ("exponential", "fixed")
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm")
@@ -79,10 +57,7 @@ class CosyVoice2Bls:
         )
         defaults = {role: role for role in LEAVES} | ({"token2wav": "token2wav_dit"} if dit else {})
         self.models = {role: model_param(config, f"{role}_model", default=defaults[role]) for role in LEAVES}
-        llm_dir = Path(model_param(config, "llm_tokenizer_dir"))
-        self.prompter = CosyVoice2Prompt.from_llm_dir(llm_dir)
-        # the front-end models read the checkpoint beside the LLM (CosyVoice2-0.5B/, Step-Audio-2-mini/)
-        self.checkpoint = CheckpointMarker(llm_dir.parent, exclude=[llm_dir])
+        self.prompter = CosyVoice2Prompt.from_llm_dir(model_param(config, "llm_tokenizer_dir"))
         endpoint = model_param(config, "llm_endpoint", default="")
         self.llm_http = ChatSpeechClient(ChatEndpoint(endpoint)) if endpoint else None
         self.service = CosyVoice2Service(
@@ -156,70 +131,29 @@ class CosyVoice2Bls:
         arrays = dit_token2wav_arrays(chunk, voice.reference_wav, finalize)
         return self._call_token2wav(arrays, request_id, token_offset, finalize)
 
-    def _wav(self, request: Any) -> np.ndarray | None:
-        wav = optional_input(self.pb, request, "reference_wav")
-        if wav is not None:
-            length = optional_input(self.pb, request, "reference_wav_len", dtype=np.int32)
-            wav = wav.reshape(-1) if length is None else wav.reshape(-1)[: int(length.reshape(-1)[0])]
-        return wav
-
-    def _profile_inputs(self, request: Any) -> Voice | None:
-        tokens = optional_row(self.pb, request, "voice_speech_tokens", np.int32)
-        if tokens is None:
-            return None
-        self.checkpoint.check(self.pb, request)
-        feat = optional_row(self.pb, request, "voice_speech_feat", np.float32, trailing=(80,))
-        embedding = optional_input(self.pb, request, "voice_spk_embedding", dtype=np.float32)
-        return check_profile(ProfileInputs(tokens, feat, embedding), flow_prompt=not self.dit)
-
     def _parse(self, request: Any) -> CosyVoice2Request:
-        parameters = request_parameters(request)
-        instruct_text = optional_string(self.pb, request, "instruct_text")
+        pb = self.pb
+        wav = optional_input(pb, request, "reference_wav")
+        if wav is not None:
+            length = optional_input(pb, request, "reference_wav_len", dtype=np.int32)
+            wav = wav.reshape(-1) if length is None else wav.reshape(-1)[: int(length.reshape(-1)[0])]
+        reference_text = optional_input(pb, request, "reference_text")
         return check_request(
-            self._wav(request),
-            optional_string(self.pb, request, "reference_text"),
-            string_input(self.pb, request, "target_text"),
+            wav,
+            None if reference_text is None else string_input(pb, request, "reference_text"),
+            string_input(pb, request, "target_text"),
             self.limits,
-            check_token_budget(parameters, self.max_new_tokens),
-            check_mode(parameters.get("mode"), instruct_text),
-            instruct_text,
-            self._profile_inputs(request),
-            profile_needs_wav=self.dit,
+            check_token_budget(json.loads(request.parameters() or "{}"), self.max_new_tokens),
         )
-
-    def _profile(self, request: Any) -> VoiceProfile:
-        wav = self._wav(request)
-        if wav is None:
-            raise RequestError("reference_wav", "is required to make a voice profile")
-        voice = self.service.profile(check_reference_wav(wav, self.limits))
-        if self.dit:
-            return VoiceProfile(
-                "cosyvoice2_dit", self.checkpoint.value, {"speech_tokens": voice.speech_tokens}
-            )
-        arrays = {
-            "speech_tokens": voice.speech_tokens,
-            "speech_feat": voice.speech_feat,
-            "spk_embedding": voice.embedding,
-        }
-        return VoiceProfile("cosyvoice2", self.checkpoint.value, arrays)
 
     def _offline(self, request: Any) -> Any:
         try:
-            if wants_profile(request_parameters(request)):
-                return answer_profile(self.pb, request, False, lambda: self._profile(request))
             audio = self.service.synthesize(self._parse(request), request.request_id() or uuid4().hex)
             return self.pb.InferenceResponse([self.pb.Tensor("waveform", audio.reshape(1, -1))])
         except Exception as err:
             return error_response(self.pb, err)
 
     def _stream(self, request: Any) -> None:
-        try:
-            profile = wants_profile(request_parameters(request))
-        except Exception:
-            profile = False  # the stream below reports the bad parameter
-        if profile:
-            answer_profile(self.pb, request, True, lambda: self._profile(request))
-            return
         serve_stream(
             self.pb,
             request,
