@@ -41,6 +41,7 @@ from tritontts.bench.report import markdown_table, write_report
 from tritontts.bench.server_stages import breakdown_line, first_chunk_breakdown, scrape
 from tritontts.bench.stats import BenchmarkRun, RequestRecord, summarize
 from tritontts.streaming import crossfade_concat
+from tritontts.voice_modes import add_mode_arguments, mode_arrays, mode_parameters
 
 DEFAULT_PADDING_SECONDS = {"offline": 1.0, "streaming": 10.0}
 
@@ -132,6 +133,7 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compute-wer", action="store_true", help="not supported; accepted for upstream compatibility"
     )
+    add_mode_arguments(p)
     return p
 
 
@@ -184,17 +186,19 @@ class Requester:
         self.client.close()
 
     def _parameters(self, utt: Utterance) -> dict | None:
-        if not self.args.realistic_lengths:
-            return None
-        tokens = expected_tokens(utt.target_text, self.token_rate)
-        return {"min_new_tokens": tokens, "max_new_tokens": tokens}
+        parameters = mode_parameters(self.args)
+        if self.args.realistic_lengths:
+            tokens = expected_tokens(utt.target_text, self.token_rate)
+            parameters |= {"min_new_tokens": tokens, "max_new_tokens": tokens}
+        return parameters or None
 
     def _inputs(self, utt: Utterance) -> list:
-        if self.args.use_spk2info_cache:
-            return triton_io.infer_inputs(self.grpc, triton_io.target_only_arrays(utt.target_text))
-        samples = triton_io.reference_samples(utt.prompt_audio, utt.sample_rate)
-        arrays = triton_io.request_arrays(samples, utt.prompt_text, utt.target_text, self.padding)
-        return triton_io.infer_inputs(self.grpc, arrays)
+        if self.args.use_spk2info_cache or self.args.gender:
+            arrays = triton_io.target_only_arrays(utt.target_text)
+        else:
+            samples = triton_io.reference_samples(utt.prompt_audio, utt.sample_rate)
+            arrays = triton_io.request_arrays(samples, utt.prompt_text, utt.target_text, self.padding)
+        return triton_io.infer_inputs(self.grpc, mode_arrays(self.args, arrays))
 
     def offline(self, utt: Utterance) -> tuple[np.ndarray, RequestRecord]:
         inputs, outputs = self._inputs(utt), triton_io.requested_outputs(self.grpc)

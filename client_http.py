@@ -20,6 +20,7 @@ from pathlib import Path
 import soundfile
 
 from tritontts.bench import triton_io
+from tritontts.voice_modes import add_mode_arguments, mode_arrays, mode_parameters
 
 DEFAULT_REFERENCE_TEXT = "吃燕窝就选燕之屋，本节目由26年专注高品质燕窝的燕之屋冠名播出。豆奶牛奶换着喝，营养更均衡，本节目由豆本豆豆奶特约播出。"
 DEFAULT_TARGET_TEXT = "身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
@@ -49,11 +50,12 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-audio", default="output.wav", help="where the synthesized WAV goes")
     p.add_argument("--sample-rate", type=int, default=None, help="output sample rate; default by model name")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the response")
+    add_mode_arguments(p)
     return p
 
 
 def request_arrays(args: argparse.Namespace) -> dict:
-    if args.use_spk2info_cache:
+    if args.use_spk2info_cache or args.gender:
         return triton_io.target_only_arrays(args.target_text)
     if not Path(args.reference_audio).is_file():
         raise FileNotFoundError(f"reference audio {args.reference_audio} not found")
@@ -76,13 +78,14 @@ def synthesize(args: argparse.Namespace) -> tuple[float, float]:
     try:
         triton_io.check_server(client, url, "HTTP", args.model_name, streaming=False)
         output_rate = triton_io.output_sample_rate(args.model_name, args.sample_rate)
-        arrays = request_arrays(args)
+        arrays, parameters = mode_arrays(args, request_arrays(args)), mode_parameters(args)
         start = time.perf_counter()
         result = client.infer(
             args.model_name,
             triton_io.infer_inputs(httpclient, arrays),
             outputs=triton_io.requested_outputs(httpclient),
             request_id="0",
+            parameters=parameters or None,
         )
         latency = time.perf_counter() - start
     finally:

@@ -4,15 +4,13 @@ streams, through the official `openai` client."""
 
 from __future__ import annotations
 
-import shutil
-
 import httpx
 import openai
 import pytest
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
-from openai_api_process import api_process, decode
+from openai_api_process import api_process, decode, zh_voices
 from triton_stats import inference_count, inference_count_at_least
 
 TRITON_MODELS = [build_cosyvoice2_models, build_cosyvoice2_dit_models]
@@ -47,9 +45,7 @@ def server(triton):
 
 @pytest.fixture(scope="module")
 def api(server, tmp_path_factory, prompt_zh):
-    voices = tmp_path_factory.mktemp("voices")
-    shutil.copy(prompt_zh, voices / "zh.wav")
-    (voices / "zh.txt").write_text(PROMPT_ZH_TEXT + "\n", encoding="utf-8")
+    voices = zh_voices(tmp_path_factory.mktemp("voices"), prompt_zh, PROMPT_ZH_TEXT)
     args = ["--triton-url", server.grpc_url, "--voices-dir", str(voices), "--api-key", KEY]
     args += [f"--max-new-tokens={TOKENS}"]
     for name, models in MODELS.items():

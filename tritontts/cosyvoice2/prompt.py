@@ -3,6 +3,12 @@
 Input: the tokenizer encodes `<|sos|>{reference_text}{target_text}<|task_id|>`, and the reference's speech
 tokens follow as `<|s_N|>` ids (N + ORIGINAL_VOCAB_SIZE); the model continues speaking. Output: speech ids
 until `<|eos1|>`, each `<|s_N|>` id minus the offset giving the flow's token N.
+
+Upstream's other front ends (`cosyvoice/cli/frontend.py`) drop the reference's speech tokens from the LLM's
+input, which then ends at `<|task_id|>` (`Qwen2LM.inference` with an empty prompt_speech_token):
+`frontend_cross_lingual` also drops the transcript, and `frontend_instruct2` puts the instruction (as the caller
+wrote it; upstream's examples end it with `<|endofprompt|>`) where the transcript was, each text tokenized on its
+own. The flow still takes the reference's tokens, mel and speaker embedding in every mode.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from tritontts.llm.sequence import SamplingParams
 from tritontts.spark.prompt import load_llm_tokenizer
 
 PROMPT_TEMPLATE = SOS_TOKEN + "{input_text}" + TASK_ID_TOKEN
+MODES = ("zero_shot", "cross_lingual", "instruct2")
+ENDOFPROMPT = "<|endofprompt|>"
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,28 @@ def check_speech_tokens(tokens: Iterable[int], name: str = "prompt speech tokens
     return values
 
 
+def text_then_speech(
+    tokenizer: Tokenizer, text: str, speech_base: int, prompt_speech_tokens: Iterable[int]
+) -> list[int]:
+    """`text` encoded, then the speech tokens (0..6560) as the ids `speech_base + N`."""
+    speech = check_speech_tokens(prompt_speech_tokens)
+    return [*tokenizer.encode(text).ids, *(speech_base + t for t in speech)]
+
+
+def sampling_params(decoding: Decoding, end_id: int) -> SamplingParams:
+    """What the BLS asks of the LLM: `decoding`, ending (and padding) with `end_id`."""
+    return SamplingParams(
+        max_tokens=decoding.max_tokens,
+        temperature=decoding.temperature,
+        top_k=decoding.top_k,
+        top_p=decoding.top_p,
+        repetition_penalty=decoding.repetition_penalty,
+        seed=decoding.seed,
+        end_id=end_id,
+        pad_id=end_id,
+    )
+
+
 class CosyVoice2Prompt:
     """Builds LLM input ids and reads speech tokens out of LLM output ids, with one tokenizer."""
 
@@ -67,9 +97,23 @@ class CosyVoice2Prompt:
         self, reference_text: str, target_text: str, prompt_speech_tokens: Iterable[int]
     ) -> list[int]:
         """Upstream's `parse_input`: the encoded prompt text, then the reference's speech tokens (0..6560)."""
-        speech = check_speech_tokens(prompt_speech_tokens)
-        text_ids = self.tokenizer.encode(prompt_text(reference_text, target_text)).ids
-        return [*text_ids, *(self.ids.speech_base + t for t in speech)]
+        return text_then_speech(
+            self.tokenizer,
+            prompt_text(reference_text, target_text),
+            self.ids.speech_base,
+            prompt_speech_tokens,
+        )
+
+    def cross_lingual_ids(self, target_text: str) -> list[int]:
+        """`frontend_cross_lingual`: `<|sos|>`, the target text, `<|task_id|>`; no transcript, no speech tokens."""
+        return [self.ids.sos, *self._encode(target_text), self.ids.task_id]
+
+    def instruct2_ids(self, instruct_text: str, target_text: str) -> list[int]:
+        """`frontend_instruct2`: `<|sos|>`, the instruction, the target text, `<|task_id|>`; no speech tokens."""
+        return [self.ids.sos, *self._encode(instruct_text), *self._encode(target_text), self.ids.task_id]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def speech_tokens(self, output_ids: Sequence[int]) -> list[int]:
         """The flow's tokens (0..6560) for generated ids, which end before `<|eos1|>`.
@@ -87,13 +131,4 @@ class CosyVoice2Prompt:
         return values
 
     def sampling_params(self, decoding: Decoding = UPSTREAM_DECODING) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=decoding.max_tokens,
-            temperature=decoding.temperature,
-            top_k=decoding.top_k,
-            top_p=decoding.top_p,
-            repetition_penalty=decoding.repetition_penalty,
-            seed=decoding.seed,
-            end_id=self.ids.end,
-            pad_id=self.ids.end,
-        )
+        return sampling_params(decoding, self.ids.end)

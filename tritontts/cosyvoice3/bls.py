@@ -7,11 +7,15 @@ without it, the `tensorrt_llm`-contract model of the same server. The pipeline i
 (`CosyVoice2Service`: voice cache, cached speaker, chunk schedule, first-chunk stages) with CosyVoice3's prompt
 and prompt mel; the vocoder is stateless like upstream's, so a stream's accumulated mel lives here and each
 chunk re-vocodes it and sends the new samples.
+
+Voice modes and profiles are CosyVoice2's (request parameter `mode`, input `instruct_text`, `voice_*` inputs,
+parameter `voice_profile`; see tritontts.triton.cosyvoice2_bls) with CosyVoice3's prompt forms: an instruction is
+put in the system part (`"You are a helpful assistant. <instruction><|endofprompt|>"`) unless written that way,
+and a zero-shot reference may come without its transcript, as upstream's BLS allows.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,25 +25,21 @@ from uuid import uuid4
 
 import numpy as np
 
-from tritontts.audio import AudioLimits
 from tritontts.cosyvoice2.llm_http import ChatEndpoint, ChatSpeechClient
 from tritontts.cosyvoice2.prompt import Decoding
-from tritontts.cosyvoice2.service import CosyVoice2Request, CosyVoice2Service, Voice, check_request
-from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, SPK2INFO_FILE, load_spk2info
-from tritontts.cosyvoice2.token2wav import StreamSchedule
+from tritontts.cosyvoice2.request import Voice
+from tritontts.cosyvoice2.service import CosyVoice2Service
+from tritontts.cosyvoice2.spk2info import SPK2INFO_FILE
 from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
 from tritontts.cosyvoice3.config import load_cosyvoice3_config
-from tritontts.cosyvoice3.prompt import CosyVoice3Prompt, with_system_prompt
+from tritontts.cosyvoice3.prompt import CosyVoice3Prompt, instruct_text, system_part
 from tritontts.cosyvoice3.wire import token2wav_arrays, vocoder_arrays
 from tritontts.llm.sequence import SamplingParams
-from tritontts.spark.service import RequestLimits, check_reference_wav, check_text, check_token_budget
-from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
-from tritontts.triton.metrics import StageSeconds
-from tritontts.triton.params import error_response, model_param, optional_input, string_input
-from tritontts.triton.request_runner import RequestRunner
-from tritontts.triton.stream_sender import serve_stream
+from tritontts.triton.bls import call_model, reference_wav_arrays
+from tritontts.triton.cosyvoice2_bls import CosyVoiceBlsBase, default_voice
+from tritontts.triton.params import model_param
+from tritontts.triton.voice_profile_io import CheckpointMarker
 
-STRATEGIES = ("exponential", "fixed")
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder", "tensorrt_llm")
 
 
@@ -49,29 +49,16 @@ class _Stream:
     sent: int = 0
 
 
-class CosyVoice3Bls:
+class CosyVoice3Bls(CosyVoiceBlsBase):
+    profile_kind = "cosyvoice3"
+    transcript_optional = True
+
     def __init__(self, pb_utils: Any, args: dict[str, Any]) -> None:
-        self.pb = pb_utils
-        config = json.loads(args["model_config"])
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        strategy = model_param(config, "dynamic_chunk_strategy", default="exponential")
-        if strategy not in STRATEGIES:
-            raise ValueError(
-                f"dynamic_chunk_strategy must be one of {STRATEGIES}, got {strategy!r} (upstream's time_based "
-                "is not implemented)"
-            )
-        schedule = StreamSchedule(
-            token_hop_len=model_param(config, "token_hop_len", int, default=15),
-            pre_lookahead_len=model_param(config, "pre_lookahead_len", int, default=3),
-            exponential=strategy == "exponential",
-        )
-        self.max_new_tokens = model_param(config, "max_new_tokens", int, default=750)
-        self.limits = RequestLimits(
-            max_text_length=model_param(config, "max_text_length", int, default=1000),
-            audio=AudioLimits(max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)),
-        )
-        self.models = {role: model_param(config, f"{role}_model", default=role) for role in LEAVES}
-        self.prompter = CosyVoice3Prompt.from_llm_dir(model_param(config, "llm_tokenizer_dir"))
+        config = self._read_settings(pb_utils, args, {role: role for role in LEAVES})
+        llm_dir = Path(model_param(config, "llm_tokenizer_dir"))
+        self.prompter = CosyVoice3Prompt.from_llm_dir(llm_dir)
+        # the front-end models read the checkpoint beside the LLM (Fun-CosyVoice3-0.5B-2512/)
+        self.checkpoint = CheckpointMarker(llm_dir.parent, exclude=[llm_dir])
         model_dir = Path(model_param(config, "model_dir"))
         endpoint = model_param(config, "llm_api_base", default="")
         self.llm_http = ChatSpeechClient(ChatEndpoint(endpoint)) if endpoint else None
@@ -81,41 +68,23 @@ class CosyVoice3Bls:
             self._embed,
             self._generate,
             self._token2wav,
-            _default_voice(model_dir / SPK2INFO_FILE),
+            default_voice(model_dir / SPK2INFO_FILE),
             self.prompter.sampling_params(Decoding(max_tokens=self.max_new_tokens)),
-            schedule,
+            self.schedule,
             self.limits,
-            model_param(config, "voice_cache_size", int, default=256),
+            self.voice_cache_size,
             generate_chat=None if self.llm_http is None else self._generate_chat,
             prompt_mel=load_cosyvoice3_config(model_dir).prompt_mel,
         )
-        self.first_chunks = StageSeconds(
-            pb_utils,
-            args["model_name"],
-            "tritontts_first_chunk_seconds_total",
-            "tritontts_first_chunks_total",
-            "streams' first chunks in the BLS",
-        )
         self.streams: dict[str, _Stream] = {}
         self.lock = threading.Lock()
-        self.runner = RequestRunner(model_param(config, "max_concurrent_requests", int, default=1))
+        self._start(pb_utils, args, config)
 
     def _tokenize(self, wav: np.ndarray) -> np.ndarray:
         out = call_model(
             self.pb, self.models["audio_tokenizer"], reference_wav_arrays(wav), ["prompt_speech_tokens"]
         )
         return out["prompt_speech_tokens"].reshape(-1)
-
-    def _embed(self, wav: np.ndarray) -> np.ndarray:
-        model = self.models["speaker_embedding"]
-        out = call_model(self.pb, model, {"reference_wav": wav.reshape(1, -1)}, ["prompt_spk_embedding"])
-        return out["prompt_spk_embedding"].reshape(-1)
-
-    def _generate(self, prompt_ids: np.ndarray, params: Any, streaming: bool) -> Iterator[np.ndarray]:
-        return generate_tokens(
-            self.pb, self.models["tensorrt_llm"], prompt_ids, params, params.end_id, params.pad_id, streaming,
-            self.decoupled,
-        )  # fmt: skip
 
     def _generate_chat(
         self,
@@ -125,10 +94,11 @@ class CosyVoice3Bls:
         params: SamplingParams,
         streaming: bool,
     ) -> Iterator[np.ndarray]:
-        """Upstream's chat request (the system part prefixed as its BLS does); `<|s_N|>` → this LLM's ids."""
+        """Upstream's chat request (the system part prefixed as its BLS does; in cross_lingual and instruct2 the
+        user turn is that mode's text and the assistant turn has no speech tokens); `<|s_N|>` → this LLM's ids."""
         assert self.llm_http is not None
         pieces = self.llm_http.generate(
-            with_system_prompt(reference_text), target_text, speech, params, streaming
+            system_part(reference_text, target_text), target_text, speech, params, streaming
         )
         shift = self.prompter.ids.speech_base - ORIGINAL_VOCAB_SIZE
         try:
@@ -172,29 +142,8 @@ class CosyVoice3Bls:
         with self.lock:
             self.streams.pop(stream_id, None)
 
-    def _parse(self, request: Any) -> CosyVoice2Request:
-        pb = self.pb
-        wav = optional_input(pb, request, "reference_wav")
-        if wav is not None:
-            length = optional_input(pb, request, "reference_wav_len", dtype=np.int32)
-            wav = wav.reshape(-1) if length is None else wav.reshape(-1)[: int(length.reshape(-1)[0])]
-        reference_text = optional_input(pb, request, "reference_text")
-        text = None if reference_text is None else string_input(pb, request, "reference_text")
-        target = string_input(pb, request, "target_text")
-        budget = check_token_budget(json.loads(request.parameters() or "{}"), self.max_new_tokens)
-        if (
-            wav is not None and text is None
-        ):  # upstream: reference_text is optional, the system part stands alone
-            target = check_text(target, "target_text", self.limits)
-            return CosyVoice2Request(check_reference_wav(wav, self.limits), "", target, budget)
-        return check_request(wav, text, target, self.limits, budget)
-
-    def _offline(self, request: Any) -> Any:
-        try:
-            audio = self.service.synthesize(self._parse(request), request.request_id() or uuid4().hex)
-            return self.pb.InferenceResponse([self.pb.Tensor("waveform", audio.reshape(1, -1))])
-        except Exception as err:
-            return error_response(self.pb, err)
+    def _instruction(self, text: str) -> str:
+        return instruct_text(text)
 
     def _chunks(self, request: Any) -> Iterator[np.ndarray]:
         stream_id = uuid4().hex
@@ -202,18 +151,3 @@ class CosyVoice3Bls:
             yield from self.service.stream(self._parse(request), stream_id, self.first_chunks.add)
         finally:
             self._forget(stream_id)
-
-    def _stream(self, request: Any) -> None:
-        serve_stream(self.pb, request, lambda: self._chunks(request))
-
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        return self.runner.execute(requests, self.decoupled, self._stream, self._offline)
-
-    def close(self) -> None:
-        self.runner.close()
-        if self.llm_http is not None:
-            self.llm_http.close()
-
-
-def _default_voice(spk2info: Path) -> Voice | None:
-    return Voice.cached(load_spk2info(spk2info)[DEFAULT_SPEAKER]) if spk2info.exists() else None

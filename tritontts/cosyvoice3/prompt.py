@@ -3,9 +3,12 @@
 Input: `<|sos|>{system + reference_text}{target_text}<|task_id|>` (the converter's chat template around the user
 turn), then the reference's speech tokens as `<|s_N|>` ids (N + speech_base); the model continues speaking.
 The text must hold `<|endofprompt|>`: upstream's BLS prefixes `"You are a helpful assistant.<|endofprompt|>"`
-to a reference text without one, so a reference text that has one carries its own system part (upstream's
-instruct form: `"You are a helpful assistant. <instruction><|endofprompt|>"`; its cross-lingual and instruct2 forms
-also leave the prompt speech tokens out of the LLM input). Output: speech ids until
+to a reference text without one, so a reference text that has one carries its own system part.
+Voice modes (upstream's `frontend_cross_lingual` / `frontend_instruct2` with CosyVoice3's forms of example.py) leave
+the prompt speech tokens out of the LLM input: cross-lingual is `<|sos|>` + the system part and the target text
+(written as one text, `"You are a helpful assistant.<|endofprompt|>..."`) + `<|task_id|>`; instruct2 is `<|sos|>` +
+the instruction in the system part (`"You are a helpful assistant. <instruction><|endofprompt|>"`) + the target
+text + `<|task_id|>`, each text tokenized on its own. Output: speech ids until
 `<|eos1|>`; the other reserved rows (6561..6760 but eos1) are dropped (upstream's LLM would stop on them,
 upstream's BLS would feed them to the flow, whose embedding has 6561 rows).
 """
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from tritontts.cosyvoice2.prompt import UPSTREAM_DECODING, Decoding, check_speech_tokens
+from tritontts.cosyvoice2.prompt import UPSTREAM_DECODING, Decoding, sampling_params, text_then_speech
 from tritontts.cosyvoice3.tokens import (
     END_OF_PROMPT,
     SOS_TOKEN,
@@ -38,12 +41,24 @@ def with_system_prompt(reference_text: str) -> str:
 
 
 def instruct_text(instruction: str) -> str:
-    """Upstream's instruct form (example.py): the instruction inside the system part."""
-    return f"{SYSTEM_PROMPT} {instruction}{END_OF_PROMPT}"
+    """Upstream's instruct form (example.py): the instruction inside the system part. An instruction already in
+    that form is taken as written; a trailing `<|endofprompt|>` (CosyVoice2's form) is not doubled."""
+    if instruction.startswith(SYSTEM_PROMPT) and instruction.endswith(END_OF_PROMPT):
+        return instruction
+    return f"{SYSTEM_PROMPT} {instruction.removesuffix(END_OF_PROMPT)}{END_OF_PROMPT}"
+
+
+def system_part(prefix: str, target_text: str) -> str:
+    """What goes before the target text: `prefix` with upstream's BLS's default system part unless it carries
+    `<|endofprompt|>`; nothing when there is no prefix and the target text carries its own system part (upstream's
+    cross-lingual form, written by the caller)."""
+    if not prefix and END_OF_PROMPT in target_text:
+        return ""
+    return with_system_prompt(prefix)
 
 
 def prompt_text(reference_text: str, target_text: str) -> str:
-    return f"{SOS_TOKEN}{with_system_prompt(reference_text)}{target_text}{TASK_ID_TOKEN}"
+    return f"{SOS_TOKEN}{system_part(reference_text, target_text)}{target_text}{TASK_ID_TOKEN}"
 
 
 class CosyVoice3Prompt:
@@ -61,20 +76,25 @@ class CosyVoice3Prompt:
     def input_ids(
         self, reference_text: str, target_text: str, prompt_speech_tokens: Iterable[int]
     ) -> list[int]:
-        speech = check_speech_tokens(prompt_speech_tokens)
-        text_ids = self.tokenizer.encode(prompt_text(reference_text, target_text)).ids
-        if self.ids.end_of_prompt not in text_ids:
+        text = prompt_text(reference_text, target_text)
+        ids = text_then_speech(self.tokenizer, text, self.ids.speech_base, prompt_speech_tokens)
+        if self.ids.end_of_prompt not in ids:  # speech ids lie past every text id
             raise ValueError(f"the LLM prompt has no {END_OF_PROMPT}")
-        return [*text_ids, *(self.ids.speech_base + t for t in speech)]
+        return ids
 
     def cross_lingual_ids(self, target_text: str) -> list[int]:
         """Upstream's cross-lingual form (frontend_cross_lingual): no reference text and no prompt speech tokens in
         the LLM (the flow keeps the reference's prompt); the system part starts the target text."""
         return self.input_ids("", target_text, [])
 
-    def instruct_ids(self, instruction: str, target_text: str) -> list[int]:
-        """Upstream's instruct2 form: the instruction in the system part, no prompt speech tokens in the LLM."""
-        return self.input_ids(instruct_text(instruction), target_text, [])
+    def instruct2_ids(self, instruction: str, target_text: str) -> list[int]:
+        """Upstream's instruct2 form (frontend_instruct2): the instruction in the system part, then the target
+        text, each tokenized on its own (CosyVoice3LM concatenates the two); no prompt speech tokens."""
+        ids = [self.ids.sos, *self._encode(instruct_text(instruction)), *self._encode(target_text)]
+        return [*ids, self.ids.task_id]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def speech_tokens(self, output_ids: Sequence[int]) -> list[int]:
         """The flow's tokens (0..6560); reserved speech rows are dropped, any other id is a ValueError."""
@@ -89,13 +109,4 @@ class CosyVoice3Prompt:
         return values
 
     def sampling_params(self, decoding: Decoding = UPSTREAM_DECODING) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=decoding.max_tokens,
-            temperature=decoding.temperature,
-            top_k=decoding.top_k,
-            top_p=decoding.top_p,
-            repetition_penalty=decoding.repetition_penalty,
-            seed=decoding.seed,
-            end_id=self.ids.end,
-            pad_id=self.ids.end,
-        )
+        return sampling_params(decoding, self.ids.end)

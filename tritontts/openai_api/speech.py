@@ -1,4 +1,9 @@
-"""The `POST /v1/audio/speech` body and its checks, in OpenAI's field names."""
+"""The `POST /v1/audio/speech` body and its checks, in OpenAI's field names, plus vLLM-Omni's `ref_audio`,
+`ref_text` and `task_type`, and a voice object for Spark-TTS voice creation.
+
+Which voice fields a model honours depends on its BLS (`voice_modes`); tritontts.openai_api.voice_request checks
+those against the deployment.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,35 @@ from tritontts.openai_api.errors import ApiError, bad_request
 from tritontts.openai_api.settings import ModelRoute, Settings
 
 STREAM_FORMATS = ("audio", "sse")
+TASK_TYPES = ("Base", "VoiceDesign", "CustomVoice")
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+SPEED_LEVELS = (
+    (0.625, "very_low"),
+    (0.875, "low"),
+    (1.125, "moderate"),
+    (1.375, "high"),
+    (MAX_SPEED, "very_high"),
+)
+"""Spark-TTS's speed levels for OpenAI's `speed`: each level takes the speeds below its bound (and from the previous
+bound): 0.25-0.625 very_low, 0.625-0.875 low, 0.875-1.125 moderate, 1.125-1.375 high, 1.375-4.0 very_high."""
+
+
+def speed_level(speed: float) -> str:
+    return next(level for bound, level in SPEED_LEVELS if speed < bound or bound == MAX_SPEED)
 
 
 class VoiceRef(BaseModel):
     id: str
+
+
+class VoiceDesign(BaseModel):
+    """Spark-TTS voice creation: `{"gender": "female"|"male", "pitch": LEVEL, "speed": LEVEL}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gender: str
+    pitch: str | None = None
+    speed: str | None = None
 
 
 class SpeechRequest(BaseModel):
@@ -20,15 +50,25 @@ class SpeechRequest(BaseModel):
 
     model: str
     input: str
-    voice: str | VoiceRef
+    voice: str | VoiceRef | VoiceDesign | None = None
     response_format: str = "mp3"
     speed: float = 1.0
     stream_format: str | None = None
     instructions: str | None = None
+    ref_audio: str | bytes | None = None
+    """base64 audio (or a `data:audio/...;base64,` URI) in JSON; the file part's bytes in multipart"""
+    ref_text: str | None = None
+    task_type: str | None = None
 
     @property
-    def voice_name(self) -> str:
-        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+    def voice_name(self) -> str | None:
+        if isinstance(self.voice, VoiceRef):
+            return self.voice.id
+        return self.voice if isinstance(self.voice, str) else None
+
+    @property
+    def design(self) -> VoiceDesign | None:
+        return self.voice if isinstance(self.voice, VoiceDesign) else None
 
 
 def check_speech_request(request: SpeechRequest, settings: Settings) -> ModelRoute:
@@ -65,18 +105,14 @@ def check_speech_request(request: SpeechRequest, settings: Settings) -> ModelRou
             "response_format",
             "unsupported_value",
         )
-    if request.speed != 1.0:
-        raise bad_request(
-            f"speed {request.speed} is not supported: this server speaks at the model's own pace (speed 1.0 only)",
-            "speed",
-            "unsupported_value",
-        )
+    if not MIN_SPEED <= request.speed <= MAX_SPEED:
+        raise bad_request(f"speed must be in {MIN_SPEED}..{MAX_SPEED}, got {request.speed}", "speed")
     if request.stream_format is not None and request.stream_format not in STREAM_FORMATS:
         raise bad_request(
             f"stream_format must be 'audio' or 'sse', not '{request.stream_format}'", "stream_format"
         )
-    if request.instructions and request.instructions.strip():
+    if request.task_type is not None and request.task_type not in TASK_TYPES:
         raise bad_request(
-            "instructions are not supported by this server's models", "instructions", "unsupported_value"
+            f"task_type must be one of {', '.join(TASK_TYPES)}, not '{request.task_type}'", "task_type"
         )
     return route

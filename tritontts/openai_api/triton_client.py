@@ -21,17 +21,25 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.utils import InferenceServerException
 
 from tritontts.bench import triton_io
-from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, unavailable
+from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, overloaded, unavailable
 from tritontts.openai_api.settings import ModelRoute
-from tritontts.openai_api.voices import Voice
 from tritontts.streaming import StreamCrossfader
+from tritontts.voice_profile import KIND_ARRAYS, OUTPUT_PREFIX, PROFILE_PARAMETER, VoiceProfile
 
 REQUEST_FIELDS = {
     "target_text": "input",
     "reference_text": "voice",
     "reference_wav": "voice",
     "reference_wav_len": "voice",
+    "instruct_text": "instructions",
+    "mode": "instructions",
+    "gender": "voice",
+    "pitch": "voice",
+    "speed": "speed",
+    "voice_checkpoint": "voice",
 }
+CLONE_ONLY = frozenset({"clone"})
+"""A BLS whose config names no `voice_modes` (upstream's, an older one): reference audio voices only."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,10 @@ class Deployment:
     streaming_model: str | None
     offline_model: str | None
     overlap_samples: int = 0
+    modes: frozenset[str] = CLONE_ONLY
+    """the BLS's `voice_modes` parameter: clone, create (Spark-TTS), cross_lingual, instruct2 (CosyVoice2)"""
+    profile_kind: str | None = None
+    """the BLS's `voice_profile_kind` parameter; None: it takes no saved voice profiles"""
 
 
 @dataclass(frozen=True)
@@ -49,20 +61,38 @@ class _ModelInfo:
     decoupled: bool
     overlap_seconds: float
     checked_at: float
+    modes: frozenset[str] = CLONE_ONLY
+    profile_kind: str | None = None
 
 
-def triton_error(error: InferenceServerException) -> ApiError:
+def _parameter(config: dict, key: str) -> str:
+    return ((config.get("parameters") or {}).get(key) or {}).get("string_value") or ""
+
+
+OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
+STUB_DIED_MESSAGES = (
+    "is not healthy",
+    "stub process died",
+)  # the watchdog reloads the model (README "Reliability")
+
+
+def triton_error(error: InferenceServerException, retry_after_s: int = 2) -> ApiError:
     """A Triton error as the API's: the BLS's request checks (INVALID_ARGUMENT, or a stream error naming an
-    input) are the caller's 400; an unreachable server or missing model 503; anything else 500."""
+    input) are the caller's 400; a full queue or a queue timeout 503 with Retry-After; an unreachable server or
+    missing model 503; anything else 500."""
     message = error.message() or str(error)
     status = str(error.status() or "")
     field = message.split(":", 1)[0].strip()
+    if any(m in message for m in OVERLOAD_MESSAGES):
+        return overloaded(f"Triton is overloaded: {message}", retry_after_s)
     if "INVALID_ARGUMENT" in status or (not status and field in REQUEST_FIELDS):
         return bad_request(
             f"Triton rejected the request: {message}", REQUEST_FIELDS.get(field), "triton_invalid_argument"
         )
-    if any(s in status for s in ("UNAVAILABLE", "NOT_FOUND", "DEADLINE_EXCEEDED", "CANCELLED")):
-        return unavailable(f"Triton is not available: {message}")
+    if any(m in message for m in STUB_DIED_MESSAGES) or any(
+        s in status for s in ("UNAVAILABLE", "NOT_FOUND", "DEADLINE_EXCEEDED", "CANCELLED")
+    ):
+        return unavailable(f"Triton is not available: {message}", retry_after_s)
     return ApiError(500, f"Triton failed: {message}", code="triton_error", type=SERVER_ERROR)
 
 
@@ -73,8 +103,12 @@ class TritonTTS:
         request_timeout_s: float = 600.0,
         config_ttl_s: float = 5.0,
         max_new_tokens: int | None = None,
+        queue_timeout_s: float = 0.0,
+        retry_after_s: int = 2,
     ) -> None:
         self.url = url
+        self.queue_timeout_us = int(queue_timeout_s * 1e6) or None
+        self.retry_after_s = retry_after_s
         self.parameters = None if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
         self.request_timeout_s = request_timeout_s
         self.config_ttl_s = config_ttl_s
@@ -112,10 +146,16 @@ class TritonTTS:
                 raise unavailable(f"cannot reach Triton at {self.url}: {err.message()}") from None
             self._models[name] = None
             return None
-        overlap = (config.get("parameters", {}).get("audio_chunk_overlap_duration") or {}).get(
-            "string_value", "0"
+        overlap = _parameter(config, "audio_chunk_overlap_duration") or "0"
+        modes = frozenset(m.strip() for m in _parameter(config, "voice_modes").split(",") if m.strip())
+        kind = _parameter(config, "voice_profile_kind")
+        info = _ModelInfo(
+            triton_io.is_decoupled(config),
+            float(overlap or 0),
+            time.monotonic(),
+            modes or CLONE_ONLY,
+            kind if kind in KIND_ARRAYS else None,
         )
-        info = _ModelInfo(triton_io.is_decoupled(config), float(overlap or 0), time.monotonic())
         self._models[name] = info
         return info
 
@@ -130,32 +170,73 @@ class TritonTTS:
         if streaming is not None:
             info = infos[route.triton_models.index(streaming)]
             overlap = int(round(info.overlap_seconds * route.sample_rate))
-        return Deployment(route, streaming, offline, overlap)
+        info = next(i for i in infos if i)
+        return Deployment(route, streaming, offline, overlap, info.modes, info.profile_kind)
 
-    def _request(self, model: str, voice: Voice, text: str) -> dict:
-        arrays = triton_io.request_arrays(voice.samples, voice.transcript, text)
+    def _request(
+        self, model: str, arrays: dict[str, np.ndarray], parameters: dict | None, outputs: list | None = None
+    ) -> dict:
+        merged = {**(self.parameters or {}), **(parameters or {})}
         return {
             "model_name": model,
             "inputs": triton_io.infer_inputs(grpcclient, arrays),
-            "outputs": triton_io.requested_outputs(grpcclient),
+            "outputs": outputs or triton_io.requested_outputs(grpcclient),
             "request_id": uuid.uuid4().hex,
-            "parameters": self.parameters,
+            "parameters": merged or None,
+            "timeout": self.queue_timeout_us,
         }
 
-    async def synthesize(self, deployment: Deployment, voice: Voice, text: str) -> np.ndarray:
+    async def profile(self, deployment: Deployment, arrays: dict[str, np.ndarray]) -> VoiceProfile:
+        """The BLS's profile of the reference in `arrays` (a `voice_profile` request; the offline model if any)."""
+        kind = deployment.profile_kind
+        if kind is None:
+            raise bad_request(f"model '{deployment.route.name}' takes no voice profiles", "voice")
+        names = [OUTPUT_PREFIX + n for n in KIND_ARRAYS[kind]] + ["profile_checkpoint"]
+        outputs = [grpcclient.InferRequestedOutput(n) for n in names]
+        request = self._request(
+            deployment.offline_model or deployment.streaming_model, arrays, {PROFILE_PARAMETER: True}, outputs
+        )
+        try:
+            if deployment.offline_model is not None:
+                result = await self.client.infer(**request, client_timeout=self.request_timeout_s)
+            else:
+                result = await self._first_stream_result(request)
+        except InferenceServerException as err:
+            raise triton_error(err, self.retry_after_s) from None
+        return VoiceProfile.from_outputs(kind, {n: result.as_numpy(n) for n in names})
+
+    async def _first_stream_result(self, request: dict):
+        async def one_request():
+            yield request
+
+        responses = self.client.stream_infer(one_request(), stream_timeout=self.request_timeout_s)
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise error
+                return result
+        finally:
+            responses.cancel()
+        raise InferenceServerException("the stream ended without a response")
+
+    async def synthesize(
+        self, deployment: Deployment, arrays: dict[str, np.ndarray], parameters: dict | None = None
+    ) -> np.ndarray:
         """The whole utterance: the offline model, else the decoupled model's stream joined."""
         if deployment.offline_model is None:
             crossfader = StreamCrossfader(deployment.overlap_samples)
-            pieces = [crossfader.push(chunk) async for chunk in self.stream(deployment, voice, text)]
+            pieces = [crossfader.push(chunk) async for chunk in self.stream(deployment, arrays, parameters)]
             return np.concatenate([*pieces, crossfader.finish()])
-        request = self._request(deployment.offline_model, voice, text)
+        request = self._request(deployment.offline_model, arrays, parameters)
         try:
             result = await self.client.infer(**request, client_timeout=self.request_timeout_s)
         except InferenceServerException as err:
-            raise triton_error(err) from None
+            raise triton_error(err, self.retry_after_s) from None
         return triton_io.waveform(result)
 
-    async def stream(self, deployment: Deployment, voice: Voice, text: str) -> AsyncIterator[np.ndarray]:
+    async def stream(
+        self, deployment: Deployment, arrays: dict[str, np.ndarray], parameters: dict | None = None
+    ) -> AsyncIterator[np.ndarray]:
         """The decoupled model's chunks as they come (overlapping; see StreamCrossfader). Closing the
         iterator early cancels the Triton request."""
         if deployment.streaming_model is None:
@@ -165,7 +246,7 @@ class TritonTTS:
                 "stream_format",
                 "streaming_unavailable",
             )
-        request = self._request(deployment.streaming_model, voice, text)
+        request = self._request(deployment.streaming_model, arrays, parameters)
 
         async def one_request():
             yield request
@@ -173,17 +254,19 @@ class TritonTTS:
         try:
             responses = self.client.stream_infer(one_request(), stream_timeout=self.request_timeout_s)
         except InferenceServerException as err:
-            raise triton_error(err) from None
+            raise triton_error(err, self.retry_after_s) from None
         try:
             async for result, error in responses:
                 if error is not None:
-                    raise triton_error(error)
+                    raise triton_error(error, self.retry_after_s)
                 chunk = triton_io.waveform(result)
                 if chunk.size:
                     yield chunk
         except InferenceServerException as err:
-            raise triton_error(err) from None
+            raise triton_error(err, self.retry_after_s) from None
         except grpc.RpcError as err:
-            raise triton_error(InferenceServerException(err.details(), str(err.code()))) from None
+            raise triton_error(
+                InferenceServerException(err.details(), str(err.code())), self.retry_after_s
+            ) from None
         finally:
             responses.cancel()

@@ -1,12 +1,20 @@
-"""Voices: a folder of `NAME.wav` (reference audio) + `NAME.txt` (its transcript), and uploads into it.
+"""Voices: a folder of `NAME.wav` (reference audio) + `NAME.txt` (its transcript) + `NAME.KIND.npz` (its
+profile per model family, tritontts.voice_profile), shared by every API replica; uploads and deletes.
 
 A voice is read once and kept as the same float32 samples, so every request with it sends the same reference
-audio and the BLS's voice cache (keyed by the audio's content) serves its tokens after the first request.
+audio and the BLS's voice cache (keyed by the audio's content) serves its tokens after the first request; with a
+profile, requests send the profile instead and the BLS calls no front-end model at all.
+
+Writes are atomic (a temporary file in the folder, fsync, then a link or rename), so a replica never reads half a
+file. An upload claims its name by hard-linking its transcript to `NAME.txt`, which fails when the name exists,
+even across processes and hosts of one shared folder: of two concurrent uploads of one name, one wins and the
+other gets 409.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import threading
@@ -21,8 +29,10 @@ from tritontts.audio import AudioError, AudioLimits, check_waveform, load_wav, t
 from tritontts.bench.triton_io import REFERENCE_SAMPLE_RATE
 from tritontts.dsp.resample import resample
 from tritontts.openai_api.errors import ApiError, bad_request
+from tritontts.voice_profile import KIND_ARRAYS, ProfileError, VoiceProfile
 
 VOICE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+log = logging.getLogger("tritontts.openai_api")
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,9 @@ class Voice:
     samples: np.ndarray  # mono float32 at REFERENCE_SAMPLE_RATE
     created_at: int
 
-    def description(self) -> dict:
-        return {
+    def description(self, profiles: list[str] | None = None) -> dict:
+        extra = {} if profiles is None else {"profiles": profiles}
+        return extra | {
             "id": self.name,
             "object": "audio.voice",
             "name": self.name,
@@ -42,6 +53,25 @@ class Voice:
             "transcript": self.transcript,
             "duration": round(self.samples.size / REFERENCE_SAMPLE_RATE, 3),
         }
+
+
+def _temporary(directory: Path, name: str, suffix: str) -> Path:
+    return directory / f".{name}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}{suffix}"
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def voice_not_found(name: str, param: str = "voice") -> ApiError:
@@ -95,47 +125,117 @@ class VoiceStore:
             self._loaded[name] = (stamp, voice)
         return voice
 
-    def add(self, name: str, audio: bytes, transcript: str) -> Voice:
-        """Checks and stores an uploaded voice as NAME.wav (16-bit, its own rate) and NAME.txt."""
-        if not VOICE_NAME.match(name or ""):
-            raise bad_request("name must be 1-64 letters, digits, '_' or '-'", "name")
+    def check_transcript(
+        self, transcript: str | None, field: str = "transcript", required: bool = True
+    ) -> str:
         transcript = (transcript or "").strip()
-        if not transcript:
-            raise bad_request("transcript (the text spoken in the audio sample) is required", "transcript")
+        if not transcript and required:
+            raise bad_request(f"{field} (the text spoken in the audio sample) is required", field)
         if len(transcript) > self.max_transcript_chars:
             raise bad_request(
-                f"transcript has {len(transcript)} characters; at most {self.max_transcript_chars} are accepted",
-                "transcript",
+                f"{field} has {len(transcript)} characters; at most {self.max_transcript_chars} are accepted",
+                field,
                 code="string_above_max_length",
             )
-        wav, rate = _decode(audio)
+        return transcript
+
+    def reference(self, audio: bytes, field: str) -> tuple[np.ndarray, np.ndarray, int]:
+        """Uploaded audio, checked as a voice's: 16 kHz samples, and the decoded audio at its own rate."""
+        wav, rate = _decode(audio, field)
         try:
-            check_waveform(
-                resample(wav, rate, REFERENCE_SAMPLE_RATE), REFERENCE_SAMPLE_RATE, self.limits, "audio_sample"
+            samples = check_waveform(
+                resample(wav, rate, REFERENCE_SAMPLE_RATE), REFERENCE_SAMPLE_RATE, self.limits, field
             )
         except AudioError as err:
-            raise bad_request(str(err), "audio_sample", code="invalid_audio") from err
+            raise bad_request(str(err), field, code="invalid_audio") from err
+        return samples.astype(np.float32), wav, rate
+
+    def add(self, name: str, audio: bytes, transcript: str) -> Voice:
+        """Checks and stores an uploaded voice as NAME.wav (16-bit, its own rate) and NAME.txt; 409 when the
+        name is taken (by a concurrent upload too)."""
+        if not VOICE_NAME.match(name or ""):
+            raise bad_request("name must be 1-64 letters, digits, '_' or '-'", "name")
+        transcript = self.check_transcript(transcript)
+        _, wav, rate = self.reference(audio, "audio_sample")
         self.directory.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            target = self.directory / f"{name}.wav"
-            if target.exists():
-                raise ApiError(409, f"voice '{name}' already exists", "name", "voice_exists")
-            (self.directory / f"{name}.txt").write_text(transcript + "\n", encoding="utf-8")
-            partial = self.directory / f".{name}.{os.getpid()}.{time.monotonic_ns()}.wav"
-            soundfile.write(partial, wav, rate, subtype="PCM_16", format="WAV")
-            partial.replace(target)
+        text_part = _temporary(self.directory, name, ".txt")
+        wav_part = _temporary(self.directory, name, ".wav")
+        try:
+            _write_synced(text_part, (transcript + "\n").encode("utf-8"))
+            encoded = io.BytesIO()
+            soundfile.write(encoded, wav, rate, subtype="PCM_16", format="WAV")
+            _write_synced(wav_part, encoded.getvalue())
+            if (self.directory / f"{name}.wav").exists():
+                raise FileExistsError(name)
+            os.link(text_part, self.directory / f"{name}.txt")  # the claim: fails if the name exists
+            os.replace(wav_part, self.directory / f"{name}.wav")
+            _sync_directory(self.directory)
+        except FileExistsError:
+            raise ApiError(409, f"voice '{name}' already exists", "name", "voice_exists") from None
+        finally:
+            for part in (text_part, wav_part):
+                part.unlink(missing_ok=True)
         return self.get(name)
 
+    def delete(self, name: str) -> None:
+        """Removes the voice (audio first, so no replica sees it half gone), its transcript and profiles."""
+        if not isinstance(name, str) or not VOICE_NAME.match(name):
+            raise voice_not_found(str(name), "name")
+        files = [self.directory / f"{name}.wav", self.directory / f"{name}.txt"]
+        files += [self.profile_path(name, kind) for kind in KIND_ARRAYS]
+        removed = False
+        for path in files:
+            try:
+                path.unlink()
+                removed = True
+            except FileNotFoundError:
+                continue
+        if not removed:
+            raise voice_not_found(name, "name")
+        with self._lock:
+            self._loaded.pop(name, None)
+        _sync_directory(self.directory)
 
-def _decode(audio: bytes) -> tuple[np.ndarray, int]:
+    def profile_kinds(self, name: str) -> list[str]:
+        return [kind for kind in KIND_ARRAYS if self.profile_path(name, kind).is_file()]
+
+    def profile_path(self, name: str, kind: str) -> Path:
+        return self.directory / f"{name}.{kind}.npz"
+
+    def profile(self, name: str, kind: str) -> VoiceProfile | None:
+        """The voice's stored profile for a model family; None if there is none (or it cannot be read)."""
+        path = self.profile_path(name, kind)
+        try:
+            profile = VoiceProfile.from_bytes(path.read_bytes(), str(path))
+        except FileNotFoundError:
+            return None
+        except (OSError, ProfileError) as err:
+            log.warning("voice '%s': profile %s is not used: %s", name, path.name, err)
+            return None
+        return profile if profile.kind == kind else None
+
+    def save_profile(self, name: str, profile: VoiceProfile) -> None:
+        """Atomically (re)writes the voice's profile for its family, if the voice still exists."""
+        if not (self.directory / f"{name}.wav").exists():
+            return
+        part = _temporary(self.directory, name, ".npz")
+        try:
+            _write_synced(part, profile.to_bytes())
+            os.replace(part, self.profile_path(name, profile.kind))
+            _sync_directory(self.directory)
+        finally:
+            part.unlink(missing_ok=True)
+
+
+def _decode(audio: bytes, field: str = "audio_sample") -> tuple[np.ndarray, int]:
     if not audio:
-        raise bad_request("audio_sample is empty", "audio_sample", code="invalid_audio")
+        raise bad_request(f"{field} is empty", field, code="invalid_audio")
     try:
         wav, rate = soundfile.read(io.BytesIO(audio), dtype="float32", always_2d=False)
     except (RuntimeError, soundfile.LibsndfileError) as err:
         raise bad_request(
-            f"audio_sample is not audio that libsndfile reads (WAV, FLAC, OGG, MP3): {err}",
-            "audio_sample",
+            f"{field} is not audio that libsndfile reads (WAV, FLAC, OGG, MP3): {err}",
+            field,
             code="invalid_audio",
         ) from err
     return to_mono(wav).astype(np.float32), int(rate)

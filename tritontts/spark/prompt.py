@@ -19,6 +19,8 @@ SEMANTIC_PATTERN = re.compile(r"<\|bicodec_semantic_(\d+)\|>")
 GLOBAL_PATTERN = re.compile(r"<\|bicodec_global_(\d+)\|>")
 GLOBAL_CODEBOOK = 4096
 SEMANTIC_CODEBOOK = 8192
+GLOBAL_TOKEN_COUNT = 32
+"""BiCodec's speaker is 32 global tokens; a created voice's are the first 32 the LLM generates."""
 
 TASK_TTS = "<|task_tts|>"
 TASK_CONTROLLABLE_TTS = "<|task_controllable_tts|>"
@@ -69,10 +71,25 @@ def build_voice_clone_prompt(
     )
 
 
+@dataclass(frozen=True)
+class VoiceControl:
+    """Spark-TTS voice creation: a voice from attributes instead of a reference audio."""
+
+    gender: str
+    pitch: str = "moderate"
+    speed: str = "moderate"
+
+    def __post_init__(self) -> None:
+        if self.gender not in GENDERS:
+            raise ValueError(f"gender must be one of {', '.join(GENDERS)}, got {self.gender!r}")
+        for name in ("pitch", "speed"):
+            if getattr(self, name) not in LEVELS:
+                raise ValueError(f"{name} must be one of {', '.join(LEVELS)}, got {getattr(self, name)!r}")
+
+
 def build_control_prompt(target_text: str, gender: str, pitch: str, speed: str) -> str:
     """Upstream's voice-creation prompt (`process_prompt_control`): the model invents the global tokens too."""
-    if gender not in GENDERS or pitch not in LEVELS or speed not in LEVELS:
-        raise ValueError(f"gender must be one of {GENDERS}; pitch and speed one of {LEVELS}")
+    VoiceControl(gender, pitch, speed)
     attributes = (
         f"<|gender_{GENDERS.index(gender)}|><|pitch_label_{LEVELS.index(pitch)}|>"
         f"<|speed_label_{LEVELS.index(speed)}|>"

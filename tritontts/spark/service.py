@@ -18,11 +18,18 @@ from tritontts.audio import AudioError, AudioLimits, check_waveform
 from tritontts.spark.prompt import (
     END_CONTENT,
     END_GLOBAL,
+    GENDERS,
+    GLOBAL_CODEBOOK,
+    GLOBAL_TOKEN_COUNT,
+    LEVELS,
+    SEMANTIC_CODEBOOK,
     START_CONTENT,
     START_GLOBAL,
     START_SEMANTIC,
     TASK_TTS,
     SparkTokenIds,
+    VoiceControl,
+    build_control_prompt,
     load_llm_tokenizer,
     read_eos_token,
 )
@@ -51,10 +58,15 @@ class TokenBudget:
 
 @dataclass(frozen=True)
 class SparkRequest:
-    reference_wav: np.ndarray
+    """One of three voices: `reference_wav` (cloned: the audio_tokenizer makes its tokens), `voice` (a saved
+    profile's tokens: no audio_tokenizer call) or `control` (voice creation: the LLM makes the speaker too)."""
+
+    reference_wav: np.ndarray | None
     reference_text: str
     target_text: str
     tokens: TokenBudget | None = None
+    voice: VoiceTokens | None = None
+    control: VoiceControl | None = None
 
 
 @dataclass(frozen=True)
@@ -102,19 +114,67 @@ def check_token_budget(parameters: dict, default_max: int) -> TokenBudget | None
     return TokenBudget(values["min_new_tokens"], values["max_new_tokens"])
 
 
+def check_voice_tokens(global_tokens: np.ndarray, semantic_tokens: np.ndarray | None) -> VoiceTokens:
+    """A profile's tokens (fields `voice_global_tokens`, `voice_semantic_tokens`), range-checked."""
+    g = np.asarray(global_tokens).reshape(-1)
+    if g.size != GLOBAL_TOKEN_COUNT:
+        raise RequestError("voice_global_tokens", f"must hold {GLOBAL_TOKEN_COUNT} tokens, got {g.size}")
+    s = np.zeros(0, dtype=np.int32) if semantic_tokens is None else np.asarray(semantic_tokens).reshape(-1)
+    for name, values, size in (
+        ("voice_global_tokens", g, GLOBAL_CODEBOOK),
+        ("voice_semantic_tokens", s, SEMANTIC_CODEBOOK),
+    ):
+        if values.size and (values.min() < 0 or values.max() >= size):
+            raise RequestError(name, f"values must be in 0..{size - 1}")
+    return VoiceTokens(g.astype(np.int32), s.astype(np.int32))
+
+
+def check_control(gender: str | None, pitch: str | None, speed: str | None) -> VoiceControl | None:
+    """Voice creation's inputs: gender (required once any is given), pitch and speed levels (default moderate)."""
+    if gender is None and pitch is None and speed is None:
+        return None
+    if gender not in GENDERS:
+        state = "is required for voice creation" if gender is None else f"is {gender!r}"
+        raise RequestError("gender", f"{state}; one of {', '.join(GENDERS)}")
+    for name, value in (("pitch", pitch), ("speed", speed)):
+        if value is not None and value not in LEVELS:
+            raise RequestError(name, f"is {value!r}; one of {', '.join(LEVELS)}")
+    return VoiceControl(gender, pitch or "moderate", speed or "moderate")
+
+
 def check_request(
-    reference_wav: np.ndarray,
-    reference_text: str,
+    reference_wav: np.ndarray | None,
+    reference_text: str | None,
     target_text: str,
     limits: RequestLimits,
     tokens: TokenBudget | None = None,
+    voice: VoiceTokens | None = None,
+    control: VoiceControl | None = None,
 ) -> SparkRequest:
-    return SparkRequest(
-        check_reference_wav(reference_wav, limits),
-        check_text(reference_text, "reference_text", limits, allow_empty=True),
-        check_text(target_text, "target_text", limits),
-        tokens,
-    )
+    """Exactly one voice: a reference audio, a profile's tokens, or voice creation's attributes."""
+    if control is not None:
+        given = [
+            n for n, v in (("reference_wav", reference_wav), ("voice_global_tokens", voice)) if v is not None
+        ]
+        if reference_text is not None:
+            given.append("reference_text")
+        if given:
+            raise RequestError(given[0], "voice creation (gender, pitch, speed) takes no reference voice")
+        return SparkRequest(None, "", check_text(target_text, "target_text", limits), tokens, control=control)
+    if reference_wav is not None and voice is not None:
+        raise RequestError("voice_global_tokens", "send either reference_wav or a voice profile, not both")
+    if reference_wav is None and voice is None:
+        raise RequestError(
+            "reference_wav",
+            "is required (or voice_global_tokens of a saved voice, or gender for voice creation)",
+        )
+    if reference_text is None:
+        raise RequestError("reference_text", "is required")
+    text = check_text(reference_text, "reference_text", limits, allow_empty=True)
+    if voice is not None and text and not voice.semantic_tokens.size:
+        raise RequestError("voice_semantic_tokens", "are required with a reference_text")
+    wav = None if reference_wav is None else check_reference_wav(reference_wav, limits)
+    return SparkRequest(wav, text, check_text(target_text, "target_text", limits), tokens, voice=voice)
 
 
 class SparkPrompter:
@@ -151,6 +211,11 @@ class SparkPrompter:
             ids += [self.ids.semantic_token_id(int(s)) for s in voice.semantic_tokens]
         return np.asarray(ids, dtype=np.int32)
 
+    def control_prompt_ids(self, target_text: str, control: VoiceControl) -> np.ndarray:
+        """Upstream's voice-creation prompt string (`process_prompt_control`), tokenized as upstream does."""
+        prompt = build_control_prompt(target_text, control.gender, control.pitch, control.speed)
+        return np.asarray(self.tokenizer.encode(prompt, add_special_tokens=False).ids, dtype=np.int32)
+
 
 class SparkTTSService:
     def __init__(
@@ -181,22 +246,45 @@ class SparkTTSService:
             self.voices.put(key, voice)
         return voice
 
-    def _generate(self, request: SparkRequest, streaming: bool) -> tuple[VoiceTokens, Iterator[np.ndarray]]:
-        voice = self.voice(request.reference_wav)
-        prompt = self.prompter.prompt_ids(request.reference_text, request.target_text, voice)
+    def profile(self, wav: np.ndarray) -> VoiceTokens:
+        """A checked reference's tokens for a saved voice's profile: from the audio_tokenizer, not the cache."""
+        return self.tokenize_voice(wav)
+
+    def _generate(
+        self, request: SparkRequest, streaming: bool
+    ) -> tuple[VoiceTokens | None, Iterator[np.ndarray]]:
+        """The voice (None while voice creation's LLM has yet to make it) and the LLM's token stream."""
         sampling = self.sampling
         if request.tokens is not None:
             sampling = replace(
                 sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
             )
+        if request.control is not None:
+            return None, self.generate(
+                self.prompter.control_prompt_ids(request.target_text, request.control), sampling, streaming
+            )
+        voice = request.voice if request.voice is not None else self.voice(request.reference_wav)
+        prompt = self.prompter.prompt_ids(request.reference_text, request.target_text, voice)
         return voice, self.generate(prompt, sampling, streaming)
+
+    def _created_globals(self, global_ids: list[int]) -> np.ndarray:
+        if len(global_ids) < GLOBAL_TOKEN_COUNT:
+            raise RuntimeError(
+                f"voice creation: the LLM generated {len(global_ids)} global tokens, {GLOBAL_TOKEN_COUNT} are needed"
+            )
+        return np.asarray(global_ids[:GLOBAL_TOKEN_COUNT], dtype=np.int32)
 
     def synthesize(self, request: SparkRequest) -> np.ndarray:
         voice, stream = self._generate(request, streaming=False)
-        semantic = [s for ids in stream for s in self.prompter.ids.semantic_ids(ids.tolist())]
+        generated = [int(t) for ids in stream for t in ids.tolist()]
+        semantic = self.prompter.ids.semantic_ids(generated)
         if not semantic:
             raise RuntimeError("the LLM generated no semantic tokens")
-        return self.vocode(voice.global_tokens, np.asarray(semantic, dtype=np.int32))
+        if voice is None:
+            global_tokens = self._created_globals(self.prompter.ids.global_ids(generated))
+        else:
+            global_tokens = voice.global_tokens
+        return self.vocode(global_tokens, np.asarray(semantic, dtype=np.int32))
 
     def stream(self, request: SparkRequest) -> Iterator[np.ndarray]:
         """Audio chunks that overlap by the schedule's overlap, for the client to cross-fade.
@@ -204,11 +292,19 @@ class SparkTTSService:
         Closing this generator early (a cancelled request) closes the LLM stream, which cancels generation.
         """
         voice, stream = self._generate(request, streaming=True)
+        global_tokens = None if voice is None else voice.global_tokens
+        created: list[int] = []  # voice creation: global tokens so far; chunks wait until there are 32
+        pending: list[list[int]] = []
         chunker = TokenChunker(self.schedule)
         try:
             for ids in stream:
-                for chunk in chunker.push(self.prompter.ids.semantic_ids(ids.tolist())):
-                    yield self.vocode(voice.global_tokens, np.asarray(chunk, dtype=np.int32))
+                if global_tokens is None:
+                    created += self.prompter.ids.global_ids(ids.tolist())
+                    if len(created) >= GLOBAL_TOKEN_COUNT:
+                        global_tokens = self._created_globals(created)
+                pending += chunker.push(self.prompter.ids.semantic_ids(ids.tolist()))
+                while pending and global_tokens is not None:
+                    yield self.vocode(global_tokens, np.asarray(pending.pop(0), dtype=np.int32))
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
@@ -216,5 +312,7 @@ class SparkTTSService:
         last = chunker.finish()
         if last is None and chunker.emitted == 0:
             raise RuntimeError("the LLM generated no semantic tokens")
-        if last:
-            yield self.vocode(voice.global_tokens, np.asarray(last, dtype=np.int32))
+        if global_tokens is None:
+            global_tokens = self._created_globals(created)
+        for chunk in [*pending, *([last] if last else [])]:
+            yield self.vocode(global_tokens, np.asarray(chunk, dtype=np.int32))

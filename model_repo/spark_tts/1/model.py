@@ -1,10 +1,15 @@
 """Spark-TTS BLS: audio_tokenizer → tensorrt_llm → vocoder, whole utterances or streamed chunks.
 
+Voices: a reference audio (upstream's inputs), a saved profile's tokens (`voice_global_tokens`,
+`voice_semantic_tokens`: no audio_tokenizer call), or voice creation (`gender`, `pitch`, `speed`: upstream's
+`process_prompt_control`). The request parameter `voice_profile: true` returns a reference's profile instead.
+
 An instance runs one request at a time (see tritontts.triton.request_runner; parameter `max_concurrent_requests`);
 concurrent requests go to other instances, and the models they call batch them.
 """
 
 import json
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -15,8 +20,11 @@ from tritontts.spark.service import (
     SparkPrompter,
     SparkTTSService,
     VoiceTokens,
+    check_control,
+    check_reference_wav,
     check_request,
     check_token_budget,
+    check_voice_tokens,
 )
 from tritontts.streaming import ChunkSchedule
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
@@ -25,6 +33,15 @@ from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
+from tritontts.triton.voice_profile_io import (
+    CheckpointMarker,
+    answer_profile,
+    optional_row,
+    optional_string,
+    request_parameters,
+    wants_profile,
+)
+from tritontts.voice_profile import VoiceProfile
 
 
 class TritonPythonModel:
@@ -45,7 +62,10 @@ class TritonPythonModel:
             audio=AudioLimits(max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)),
         )
         self.max_new_tokens = model_param(config, "max_new_tokens", int, default=1500)
-        self.prompter = SparkPrompter(model_param(config, "llm_tokenizer_dir"))
+        llm_dir = Path(model_param(config, "llm_tokenizer_dir"))
+        self.prompter = SparkPrompter(llm_dir)
+        # the audio_tokenizer reads BiCodec/ and wav2vec2 beside LLM/ (the checkpoint's layout)
+        self.checkpoint = CheckpointMarker(llm_dir.parent, exclude=[llm_dir])
         self.service = SparkTTSService(
             self.prompter,
             self._tokenize_voice,
@@ -98,22 +118,46 @@ class TritonPythonModel:
         return out["waveform"].reshape(-1)
 
     def _parse(self, request):
+        has_wav = pb_utils.get_input_tensor_by_name(request, "reference_wav") is not None
+        global_tokens = optional_row(pb_utils, request, "voice_global_tokens", np.int32)
+        voice = None
+        if global_tokens is not None:
+            self.checkpoint.check(pb_utils, request)
+            voice = check_voice_tokens(
+                global_tokens, optional_row(pb_utils, request, "voice_semantic_tokens", np.int32)
+            )
         return check_request(
-            waveform_input(pb_utils, request),
-            string_input(pb_utils, request, "reference_text"),
+            waveform_input(pb_utils, request) if has_wav else None,
+            optional_string(pb_utils, request, "reference_text"),
             string_input(pb_utils, request, "target_text"),
             self.limits,
-            check_token_budget(json.loads(request.parameters() or "{}"), self.max_new_tokens),
+            check_token_budget(request_parameters(request), self.max_new_tokens),
+            voice,
+            check_control(*(optional_string(pb_utils, request, n) for n in ("gender", "pitch", "speed"))),
         )
+
+    def _profile(self, request):
+        tokens = self.service.profile(check_reference_wav(waveform_input(pb_utils, request), self.limits))
+        arrays = {"global_tokens": tokens.global_tokens, "semantic_tokens": tokens.semantic_tokens}
+        return VoiceProfile("spark_tts", self.checkpoint.value, arrays)
 
     def _offline(self, request):
         try:
+            if wants_profile(request_parameters(request)):
+                return answer_profile(pb_utils, request, False, lambda: self._profile(request))
             audio = self.service.synthesize(self._parse(request))
             return pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))])
         except Exception as err:
             return error_response(pb_utils, err)
 
     def _stream(self, request):
+        try:
+            profile = wants_profile(request_parameters(request))
+        except Exception:
+            profile = False  # the stream below reports the bad parameter
+        if profile:
+            answer_profile(pb_utils, request, True, lambda: self._profile(request))
+            return
         serve_stream(pb_utils, request, lambda: self.service.stream(self._parse(request)))
 
     def execute(self, requests):
