@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -78,7 +79,26 @@ def start(args: argparse.Namespace) -> int:
         f"tritonserver ready after {seconds:.1f} s (pid {pid}): http {host}:{config.http_port}, "
         f"grpc {host}:{config.grpc_port}, metrics {host}:{config.metrics_port}"
     )
+    if args.watchdog != "off":
+        print(
+            f"watchdog pid {start_watchdog(server, args.watchdog)} ({args.watchdog}): {watchdog_log(config)}"
+        )
     return 0
+
+
+def watchdog_log(config: ServerConfig) -> Path:
+    return Path(f"{config.log_file}.watchdog")
+
+
+def start_watchdog(server: TritonServer, action: str) -> int:
+    """tritontts.triton.watchdog beside the server (README "Reliability"); it ends when the server does."""
+    command = [sys.executable, "-m", "tritontts.triton.watchdog", "--server-pid", str(server.pid)]
+    command += ["--http-url", server.http_url, "--action", action]
+    with open(watchdog_log(server.config), "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return process.pid
 
 
 def status(args: argparse.Namespace) -> int:
@@ -125,6 +145,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     start_parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
     start_parser.add_argument("--log-verbose", type=int, default=0)
     start_parser.add_argument("--model-control-mode", default=None, choices=["none", "poll", "explicit"])
+    start_parser.add_argument(
+        "--watchdog",
+        default="auto",
+        choices=["auto", "reload", "exit", "off"],
+        help="when a python-backend stub dies (tritonserver 2.51 never restarts it): reload its model "
+        "(explicit model control), else stop the server so its readiness turns false (auto); off: no watchdog",
+    )
     start_parser.add_argument(
         "--python-shm-bytes",
         type=int,

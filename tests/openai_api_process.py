@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,13 @@ UNKNOWN_LENGTH = 2**63 - 1  # what libsndfile reports for a FLAC stream whose ST
 def api_process(*args: str, log_file: Path, wait_for: int = 200):
     """The API's base URL once `/health` answers `wait_for`; the process ends on exit."""
     return http_service("tritontts.openai_api", [*args, "--log-level", "warning"], log_file, wait_for)
+
+
+def zh_voices(directory: Path, wav: Path, transcript: str) -> Path:
+    """`directory` as the API's `--voices-dir`: one voice `zh` (`wav` copied, `transcript` beside it)."""
+    shutil.copy(wav, directory / "zh.wav")
+    (directory / "zh.txt").write_text(transcript + "\n", encoding="utf-8")
+    return directory
 
 
 def decode(data: bytes, response_format: str, pcm_rate: int) -> tuple[np.ndarray, int]:

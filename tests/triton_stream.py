@@ -94,3 +94,30 @@ def stream_waveforms(
     finally:
         client.stop_stream()
         client.close()
+
+
+def stream_responses(server, model: str, values: dict, outputs: list[str], parameters: dict) -> list[dict]:
+    """Every data response of one streamed request (the profile of a decoupled BLS comes as one)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    events: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    responses = []
+    try:
+        client.async_stream_infer(
+            model,
+            make_inputs(values),
+            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+            parameters=parameters,
+            enable_empty_final_response=True,
+        )
+        while True:
+            result, error = events.get(timeout=300)
+            if error is not None:
+                raise error
+            if result.as_numpy(outputs[0]) is not None:
+                responses.append({n: result.as_numpy(n) for n in outputs})
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return responses
+    finally:
+        client.stop_stream()
+        client.close()

@@ -48,6 +48,19 @@ def get_parser() -> argparse.ArgumentParser:
         help="cap on the audio tokens one request may generate, sent to Triton as the max_new_tokens request "
         "parameter (the Spark-TTS BLS honours it, up to its own max_new_tokens); default: the BLS's own",
     )
+    p.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=0,
+        help="speech requests this API runs at once; more are answered 429 with Retry-After (0: no limit)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=0.0,
+        help="seconds a request may wait in Triton's queue before Triton rejects it (503 + Retry-After; 0: none)",
+    )
+    p.add_argument("--retry-after", type=int, default=2, help="Retry-After seconds of overload answers")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -68,6 +81,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_reference_seconds=args.max_reference_seconds,
         request_timeout_s=args.request_timeout,
         max_new_tokens=args.max_new_tokens,
+        max_concurrent_requests=args.max_concurrent_requests,
+        queue_timeout_s=args.queue_timeout,
+        retry_after_s=args.retry_after,
     )
 
 

@@ -1,4 +1,5 @@
-"""The FastAPI app: speech (whole, chunked audio, SSE), voices, models, health; OpenAI-style errors."""
+"""The FastAPI app: speech (whole, chunked audio, SSE; JSON or multipart), voices (list, upload with profiles,
+delete), models, health; OpenAI-style errors."""
 
 from __future__ import annotations
 
@@ -12,26 +13,38 @@ from contextlib import asynccontextmanager
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from tritontts.audio import AudioLimits
 from tritontts.openai_api.encode import FORMATS, StreamEncoder, encode
 from tritontts.openai_api.errors import ApiError, bad_request, install_error_handlers
-from tritontts.openai_api.limits import BodySizeLimit
+from tritontts.openai_api.limits import BodySizeLimit, ConcurrencyLimit
 from tritontts.openai_api.settings import Settings
 from tritontts.openai_api.speech import SpeechRequest, check_speech_request
 from tritontts.openai_api.triton_client import Deployment, TritonTTS
-from tritontts.openai_api.voices import VoiceStore
+from tritontts.openai_api.voice_request import TritonVoice, choose_voice, profile_request, triton_voice
+from tritontts.openai_api.voices import Voice, VoiceStore
 from tritontts.streaming import StreamCrossfader
+from tritontts.voice_profile import ProfileError
 
 log = logging.getLogger("tritontts.openai_api")
 VOICES_PATH = "/v1/audio/voices"
+SPEECH_PATH = "/v1/audio/speech"
+STALE_PROFILE = "voice_checkpoint:"
+"""How a BLS refuses a profile made with another checkpoint: the profile is made again and the request retried."""
 
 
 def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
     triton = triton or TritonTTS(
-        settings.triton_url, settings.request_timeout_s, settings.model_config_ttl_s, settings.max_new_tokens
+        settings.triton_url,
+        settings.request_timeout_s,
+        settings.model_config_ttl_s,
+        settings.max_new_tokens,
+        settings.queue_timeout_s,
+        settings.retry_after_s,
     )
     voices = VoiceStore(
         settings.voices_dir, AudioLimits(max_seconds=settings.max_reference_seconds), settings.max_input_chars
@@ -48,6 +61,13 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
         max_request_bytes=settings.max_request_bytes,
         max_upload_bytes=settings.max_upload_bytes,
         upload_paths=(VOICES_PATH,),
+        form_upload_paths=(SPEECH_PATH,),  # a multipart speech request may carry a reference audio file
+    )
+    app.add_middleware(
+        ConcurrencyLimit,
+        max_inflight=settings.max_concurrent_requests,
+        paths=(SPEECH_PATH,),
+        retry_after_s=settings.retry_after_s,
     )
     install_error_handlers(app)
     app.state.settings, app.state.triton, app.state.voices = settings, triton, voices
@@ -95,9 +115,35 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
         data = [{"id": r.name, "object": "model", "owned_by": "tritontts"} for r in settings.routes]
         return {"object": "list", "data": data}
 
+    def describe(voice: Voice) -> dict:
+        return voice.description(voices.profile_kinds(voice.name))
+
     @app.get(VOICES_PATH, dependencies=auth)
     async def list_voices() -> dict:
-        return {"object": "list", "data": [v.description() for v in await run_in_threadpool(voices.all)]}
+        return {"object": "list", "data": [describe(v) for v in await run_in_threadpool(voices.all)]}
+
+    async def make_profiles(voice: Voice) -> None:
+        """The voice's profile for each model family the routes serve now (one `voice_profile` request each);
+        a family whose models are down gets none, and its requests send the audio as before."""
+        done: set[str] = set()
+        for route in settings.routes:
+            try:
+                deployment = await triton.deployment(route)
+                if deployment.profile_kind is None or deployment.profile_kind in done:
+                    continue
+                profile = await triton.profile(deployment, profile_request(voice.samples))
+            except (ApiError, ProfileError) as err:
+                message = err.message if isinstance(err, ApiError) else str(err)
+                log.warning("voice '%s': no profile for model '%s': %s", voice.name, route.name, message)
+                continue
+            await run_in_threadpool(voices.save_profile, voice.name, profile)
+            done.add(profile.kind)
+
+    @app.delete(VOICES_PATH + "/{name}", dependencies=auth)
+    async def delete_voice(name: str) -> dict:
+        await run_in_threadpool(voices.delete, name)
+        log.info("voice '%s' deleted", name)
+        return {"id": name, "object": "audio.voice.deleted", "deleted": True}
 
     @app.post(VOICES_PATH, dependencies=auth, status_code=201)
     async def add_voice(request: Request) -> dict:
@@ -121,24 +167,47 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
         if not isinstance(transcript, str):
             raise bad_request("transcript is required", "transcript", "missing_required_parameter")
         voice = await run_in_threadpool(voices.add, name, await audio.read(), transcript)
-        description = voice.description()
+        await make_profiles(voice)
+        description = describe(voice)
         log.info("voice '%s' added (%.2f s)", name, description["duration"])
         return description
 
-    @app.post("/v1/audio/speech", dependencies=auth)
-    async def speech(body: SpeechRequest) -> Response:
+    async def voice_inputs(body: SpeechRequest, deployment) -> TritonVoice:
+        choice = choose_voice(body, deployment)
+        return await run_in_threadpool(triton_voice, choice, deployment, voices, body.input)
+
+    async def remade(body: SpeechRequest, deployment, sent: TritonVoice, error: ApiError) -> TritonVoice:
+        """After a stale profile's refusal: the voice's profile made again, and the request's inputs with it."""
+        if sent.profile is None or STALE_PROFILE not in error.message:
+            raise error
+        log.info("voice '%s': profile of another checkpoint, making it again", sent.saved.name)
+        profile = await triton.profile(deployment, profile_request(sent.saved.samples))
+        await run_in_threadpool(voices.save_profile, sent.saved.name, profile)
+        return await voice_inputs(body, deployment)
+
+    @app.post(SPEECH_PATH, dependencies=auth)
+    async def speech(request: Request) -> Response:
+        body = await _speech_body(request)
         route = check_speech_request(body, settings)
-        voice = await run_in_threadpool(voices.get, body.voice_name)
         deployment = await triton.deployment(route)
+        sent = await voice_inputs(body, deployment)
         if body.stream_format is None:
-            audio = await triton.synthesize(deployment, voice, body.input)
+            try:
+                audio = await triton.synthesize(deployment, sent.arrays, sent.parameters)
+            except ApiError as err:
+                sent = await remade(body, deployment, sent, err)
+                audio = await triton.synthesize(deployment, sent.arrays, sent.parameters)
             content = await run_in_threadpool(encode, audio, route.sample_rate, body.response_format)
             return Response(content, media_type=FORMATS[body.response_format].media_type)
-        chunks = triton.stream(deployment, voice, body.input)
+        chunks = triton.stream(deployment, sent.arrays, sent.parameters)
         try:
             first = await anext(chunks)  # request errors arrive before any audio: they get their own status
         except StopAsyncIteration:
             first = np.zeros(0, dtype=np.float32)
+        except ApiError as err:
+            sent = await remade(body, deployment, sent, err)
+            chunks = triton.stream(deployment, sent.arrays, sent.parameters)
+            first = await anext(chunks, np.zeros(0, dtype=np.float32))
         audio = _encoded_stream(first, chunks, deployment, body.response_format)
         if body.stream_format == "sse":
             return StreamingResponse(
@@ -147,6 +216,36 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
         return StreamingResponse(_bytes(audio), media_type=FORMATS[body.response_format].media_type)
 
     return app
+
+
+async def _speech_body(request: Request) -> SpeechRequest:
+    """The body as JSON, or as multipart form fields (`ref_audio` may be a file part, `voice` a JSON object)."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        form = await request.form()
+        data: dict = {}
+        for key, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                data[key] = await value.read()
+            elif key == "voice" and value.strip().startswith("{"):
+                try:
+                    data[key] = json.loads(value)
+                except json.JSONDecodeError as err:
+                    raise bad_request(f"voice is not a JSON object: {err}", "voice") from None
+            else:
+                data[key] = value
+    else:
+        try:
+            data = json.loads(await request.body() or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise bad_request(f"the request body must be a JSON object: {err}", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise bad_request("the request body must be a JSON object", code="invalid_json")
+    try:
+        return SpeechRequest.model_validate(data)
+    except ValidationError as err:
+        errors = [e | {"loc": ("body", *e.get("loc", ()))} for e in err.errors()]
+        raise RequestValidationError(errors) from None
 
 
 async def _encoded_stream(

@@ -19,8 +19,10 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = INVALID_REQUEST,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
+        self.retry_after_s = retry_after_s
         self.status = status
         self.message = message
         self.param = param
@@ -31,16 +33,25 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(self.retry_after_s)
+        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param, code)
 
 
-def unavailable(message: str) -> ApiError:
-    return ApiError(503, message, code="triton_unavailable", type=SERVER_ERROR)
+def unavailable(message: str, retry_after_s: int | None = None) -> ApiError:
+    return ApiError(503, message, code="triton_unavailable", type=SERVER_ERROR, retry_after_s=retry_after_s)
+
+
+def overloaded(message: str, retry_after_s: int, status: int = 503) -> ApiError:
+    """Too much load right now: 503 when Triton's queue turned the request away, 429 when this API's own
+    concurrency limit did; both say when to retry."""
+    code = "rate_limit_exceeded" if status == 429 else "server_overloaded"
+    return ApiError(status, message, code=code, type=SERVER_ERROR, retry_after_s=retry_after_s)
 
 
 def _validation_error(error: RequestValidationError) -> ApiError:

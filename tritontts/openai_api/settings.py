@@ -37,6 +37,11 @@ class Settings:
     request_timeout_s: float = 600.0
     max_new_tokens: int | None = None  # sent as Triton's max_new_tokens request parameter when set
     model_config_ttl_s: float = 5.0
+    max_concurrent_requests: int = 0  # speech requests at once; past it 429 (0: no limit of ours)
+    queue_timeout_s: float = (
+        0.0  # sent as Triton's request `timeout`: longer in its queue is rejected (0: none)
+    )
+    retry_after_s: int = 2  # the Retry-After of 429 and 503 answers to overload
 
     def route(self, name: str) -> ModelRoute | None:
         return next((r for r in self.routes if r.name == name), None)

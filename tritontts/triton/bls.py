@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tritontts.triton.llm_contract import OUTPUT_NAMES, generated_tokens, llm_request_inputs
+from tritontts.triton.stubs import callee_monitor
 
 
 class ModelCallError(RuntimeError):
@@ -62,7 +63,8 @@ def call_model(
 ) -> dict[str, np.ndarray]:
     """One request, one response; `request_id` ties calls together (a stream's token2wav calls), and with
     `sequence_flags` it is also the correlation id a sequence batcher routes by."""
-    response = _request(pb_utils, model, inputs, outputs, request_id, sequence_flags).exec()
+    with callee_monitor().watching(model):
+        response = _request(pb_utils, model, inputs, outputs, request_id, sequence_flags).exec()
     return _outputs(pb_utils, model, response, outputs)
 
 
@@ -76,16 +78,20 @@ def stream_model(
     if not decoupled:
         yield call_model(pb_utils, model, inputs, outputs)
         return
-    responses = _request(pb_utils, model, inputs, outputs).exec(decoupled=True)
-    finished = False
-    try:
-        for response in responses:
-            if response.has_error() or pb_utils.get_output_tensor_by_name(response, outputs[0]) is not None:
-                yield _outputs(pb_utils, model, response, outputs)
-        finished = True
-    finally:
-        if not finished and hasattr(responses, "cancel"):
-            responses.cancel()
+    with callee_monitor().watching(model):  # the callee's stub dying ends this stub: see CalleeMonitor
+        responses = _request(pb_utils, model, inputs, outputs).exec(decoupled=True)
+        finished = False
+        try:
+            for response in responses:
+                if (
+                    response.has_error()
+                    or pb_utils.get_output_tensor_by_name(response, outputs[0]) is not None
+                ):
+                    yield _outputs(pb_utils, model, response, outputs)
+            finished = True
+        finally:
+            if not finished and hasattr(responses, "cancel"):
+                responses.cancel()
 
 
 def generate_tokens(

@@ -74,3 +74,35 @@ def token2wav_stage_seconds(pb_utils: Any, args: dict[str, Any]) -> StageSeconds
         "token2wav executes",
         {"instance": args["model_instance_name"]},
     )
+
+
+class EngineGauges:
+    """`tritontts_llm_requests{model, state="running"|"waiting"}`: the requests our LLM engine holds a slot for
+    and those waiting for one, sampled every `interval_s` on a daemon thread. After every client has gone, both
+    read 0: no request is left running and no slot is held."""
+
+    def __init__(self, pb_utils: Any, model_name: str, engine: Any, interval_s: float = 0.5) -> None:
+        self.family = pb_utils.MetricFamily(
+            name="tritontts_llm_requests",
+            description="requests of the LLM engine: running (holding a slot) or waiting for one",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.running, self.waiting = (
+            self.family.Metric(labels={"model": model_name, "state": state})
+            for state in ("running", "waiting")
+        )
+        self.engine = engine
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="llm-gauges", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            scheduler = self.engine.scheduler
+            self.running.set(len(scheduler.running))
+            self.waiting.set(len(scheduler.waiting))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -18,7 +18,9 @@ from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import FinishReason
 from tritontts.llm.triton_io import parse_llm_request, response_arrays
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.metrics import EngineGauges
 from tritontts.triton.params import error_response, model_param, optional_input
+from tritontts.triton.stream_sender import Outbox
 
 
 def _response(tokens):
@@ -80,6 +82,7 @@ class TritonPythonModel:
             compile=model_param(config, "compile", bool, default=False),
         )
         self.engine.start()
+        self.gauges = EngineGauges(pb_utils, args["model_name"], self.engine)
 
     def _parse(self, request):
         get = lambda name: optional_input(pb_utils, request, name)  # noqa: E731
@@ -91,9 +94,9 @@ class TritonPythonModel:
         for request in requests:
             try:
                 parsed = self._parse(request)
-                self.engine.add_request(
-                    parsed.prompt_ids, parsed.params, _Stream(self.engine, request, parsed)
-                )
+                # sent from a thread of the request's own: a sender that blocks never stalls the engine
+                outbox = Outbox(_Stream(self.engine, request, parsed), lambda event: event.finished)
+                self.engine.add_request(parsed.prompt_ids, parsed.params, outbox)
             except Exception as err:
                 sender = request.get_response_sender()
                 sender.send(
@@ -102,4 +105,5 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        self.gauges.close()
         self.engine.stop()

@@ -1,0 +1,119 @@
+"""Scenario 2 of the reliability suite: clients that vanish.
+
+What must hold: 50 streams cancelled or disconnected at random points, over gRPC (stream cancelled) and over the
+speech API (connection closed mid-body): afterwards the torch engine has no running request and no waiting one
+(`tritontts_llm_requests` reads 0: no slot held), Triton's queue of the BLS is empty, resident memory of the
+server and its stubs is back within 10% of its level after warm-up, and the next request succeeds.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from reliability_models import (
+    LLM_STREAM,
+    SPARK_MODELS,
+    SPARK_STREAM,
+    build_reliability_models,
+    knob,
+    loaded,
+    metric_values,
+    read_outcome,
+    record,
+    reference_fixture,
+    rss_bytes,
+    spark_arrays,
+    speech_api,
+    wait_engine_idle,
+)
+from triton_stream import Stream
+
+TRITON_MODELS = [build_reliability_models]
+pytestmark = pytest.mark.reliability
+VANISHING = int(knob("vanishing", 50))
+AT_ONCE = 6
+MEMORY_SLACK = 0.10
+
+
+server = loaded(*SPARK_MODELS)
+
+
+reference = reference_fixture()
+
+
+@pytest.fixture(scope="module")
+def api(server, tmp_path_factory, prompt_zh):
+    with speech_api(server.grpc_url, tmp_path_factory, prompt_zh, spark=SPARK_STREAM) as (url, _):
+        yield url
+
+
+def vanish_grpc(server, reference, rng: random.Random) -> str:
+    stream = Stream(server.grpc_url, SPARK_STREAM, spark_arrays(reference), ["waveform"])
+    chunks = rng.choice([0, 0, 1, 2])
+    if chunks:
+        stream.read(limit=chunks, timeout=120)
+    else:
+        time.sleep(rng.uniform(0.0, 1.5))
+    stream.cancel()
+    return f"grpc after {chunks} chunks"
+
+
+def vanish_api(api: str, rng: random.Random) -> str:
+    body = {"model": "spark", "input": "身临其境，换新体验。", "voice": "zh", "response_format": "pcm"}
+    body["stream_format"] = "audio"
+    wanted = rng.choice([0, 1, 20000, 60000])
+    got = 0
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", f"{api}/v1/audio/speech", json=body) as reply,
+    ):
+        assert reply.status_code == 200, reply.read()
+        for data in reply.iter_raw():
+            got += len(data)
+            if got >= wanted:
+                break
+    return f"api after {got} bytes"
+
+
+def test_fifty_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(server, reference, api):
+    assert (
+        read_outcome(Stream(server.grpc_url, SPARK_STREAM, spark_arrays(reference), ["waveform"]), 120)[0]
+        == "ok"
+    )
+    level = rss_bytes(server.server.pid)
+    rng = random.Random(19)
+    plans = [rng.choice(["grpc", "api"]) for _ in range(VANISHING)]
+    seeds = [rng.randrange(1 << 30) for _ in plans]
+
+    def one(i: int) -> str:
+        local = random.Random(seeds[i])
+        return vanish_grpc(server, reference, local) if plans[i] == "grpc" else vanish_api(api, local)
+
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        done = list(pool.map(one, range(VANISHING)))
+    assert len(done) == VANISHING
+
+    idle = wait_engine_idle(server.server, LLM_STREAM)
+    assert idle == {"running": 0.0, "waiting": 0.0}, idle
+    pending = metric_values(server.server, "nv_inference_pending_request_count")
+    assert {k: v for k, v in pending.items() if f'model="{SPARK_STREAM}"' in k and v} == {}, pending
+
+    outcome = read_outcome(Stream(server.grpc_url, SPARK_STREAM, spark_arrays(reference), ["waveform"]), 120)
+    assert outcome[0] == "ok", outcome
+    after = rss_bytes(server.server.pid)
+    grown = {
+        k: (level[k], after[k]) for k in level if k in after and after[k] > level[k] * (1 + MEMORY_SLACK)
+    }
+    record(
+        "clients_vanish",
+        clients=VANISHING,
+        grpc=plans.count("grpc"),
+        api=plans.count("api"),
+        engine_after=idle,
+        rss_growth={k: round(after[k] / level[k] - 1, 4) for k in level if k in after and level[k]},
+    )
+    assert grown == {}, f"resident memory grew by more than {MEMORY_SLACK:.0%}: {grown}"
