@@ -70,3 +70,16 @@ def test_write_report_writes_json_markdown_and_png(tmp_path):
 def test_report_of_offline_only_runs(tmp_path):
     paths = write_report(make_runs()[:1], tmp_path)
     assert paths["plot"].read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_offline_runs_plot_latency_against_audio_instead_of_first_chunks(tmp_path):
+    """An offline run has no first chunk: its right panel draws every successful request's latency against
+    its audio duration; with streaming results it is the first-chunk histogram."""
+    from tritontts.bench.report import plot_latencies
+
+    offline = make_runs()[:1]
+    drawn = plot_latencies(offline, tmp_path / "offline.png")
+    assert drawn == {"Latency CDF": 2, "Latency vs audio duration": 2}
+    drawn = plot_latencies(make_runs(), tmp_path / "both.png")
+    assert drawn == {"Latency CDF": 4, "First-chunk latency (streaming)": 2}
+    assert (tmp_path / "offline.png").read_bytes()[:8] == PNG_SIGNATURE

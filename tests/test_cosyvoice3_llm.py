@@ -19,7 +19,7 @@ from tolerance import max_error, within
 from tritontts.checkpoint import CheckpointError
 from tritontts.cosyvoice3 import tokens as cv3
 from tritontts.cosyvoice3.convert import CHAT_TEMPLATE, METADATA_FILE, convert_cosyvoice3_llm
-from tritontts.cosyvoice3.prompt import CosyVoice3Prompt, instruct_text, prompt_text
+from tritontts.cosyvoice3.prompt import CosyVoice3Prompt, instruct_text, prompt_text, system_part
 from tritontts.llm.engine import LLMEngine
 from tritontts.synthetic.cosyvoice3 import write_cosyvoice3_token2wav
 from tritontts.synthetic.cosyvoice3_llm import write_cosyvoice3_llm_files
@@ -35,7 +35,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cosy3_llm")
-    return write_cosyvoice3_llm_files(write_cosyvoice3_token2wav(root / "model", "tiny", 0), "tiny", 0)
+    # without the length counter: the weights the golden's upstream logits were computed from
+    model_dir = write_cosyvoice3_token2wav(root / "model", "tiny", 0)
+    return write_cosyvoice3_llm_files(model_dir, "tiny", 0, length_counter=False)
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +108,75 @@ def test_system_prompt_forms() -> None:
     assert prompt_text(instruct, "x") == f"<|sos|>{instruct}x<|task_id|>"
 
 
-def test_cross_lingual_and_instruct_forms_leave_the_speech_prompt_out(prompter: CosyVoice3Prompt) -> None:
-    encode = prompter.tokenizer.encode
-    ids = prompter.cross_lingual_ids("Hello.")
-    assert ids == encode("<|sos|>You are a helpful assistant.<|endofprompt|>Hello.<|task_id|>").ids
+# Upstream's voice-mode forms (example.py's cosyvoice3_example), laid out as CosyVoice3LM.inference does: sos, the
+# prompt text's ids (instruct2: the instruction; cross-lingual: none), the text's ids, task_id, no speech tokens;
+# each text through CosyVoice3Tokenizer.encode (`tokenizer([text])["input_ids"][0]`), one by one.
+UPSTREAM_CROSS_LINGUAL = (
+    "You are a helpful assistant.<|endofprompt|>[breath]因为他们那一辈人[breath]在乡里面住的要习惯一点。"
+)
+UPSTREAM_INSTRUCT = "You are a helpful assistant. 请用广东话表达。<|endofprompt|>"
+UPSTREAM_INSTRUCT_TEXT = "好少咯，一般系放嗰啲国庆啊，中秋嗰啲可能会咯。"
+
+
+def upstream_ids(hf, prompter: CosyVoice3Prompt, prompt_text_: str, text: str) -> list[int]:
+    encode = lambda t: hf([t])["input_ids"][0]  # noqa: E731  (CosyVoice3Tokenizer.encode)
+    ids = [*(encode(prompt_text_) if prompt_text_ else []), *encode(text)]
+    assert cv3.END_OF_PROMPT_ID in ids  # CosyVoice3LM.inference's assertion
+    return [prompter.ids.sos, *ids, prompter.ids.task_id]
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(hf_dir: Path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+
+
+@pytest.mark.parametrize(
+    "target,upstream_text",
+    [
+        (UPSTREAM_CROSS_LINGUAL, UPSTREAM_CROSS_LINGUAL),  # written in upstream's form: taken as written
+        ("Hello.", "You are a helpful assistant.<|endofprompt|>Hello."),  # the default system part
+    ],
+)
+def test_cross_lingual_ids_are_upstreams(
+    hf_tokenizer, prompter: CosyVoice3Prompt, target, upstream_text
+) -> None:
+    ids = prompter.cross_lingual_ids(target)
+    assert ids == upstream_ids(hf_tokenizer, prompter, "", upstream_text)
     assert not any(prompter.ids.is_speech(t) for t in ids)
-    ids = prompter.instruct_ids("请用广东话表达。", "好少咯")
-    assert (
-        ids
-        == encode("<|sos|>You are a helpful assistant. 请用广东话表达。<|endofprompt|>好少咯<|task_id|>").ids
-    )
-    assert ids[-1] == prompter.ids.task_id and prompter.ids.end_of_prompt in ids
+    assert prompt_text("", target) == f"<|sos|>{upstream_text}<|task_id|>"
+
+
+@pytest.mark.parametrize(
+    "instruction",
+    [
+        UPSTREAM_INSTRUCT,
+        "请用广东话表达。",
+        "请用广东话表达。<|endofprompt|>",
+    ],  # upstream's, bare, CosyVoice2's
+)
+def test_instruct2_ids_are_upstreams(hf_tokenizer, prompter: CosyVoice3Prompt, instruction) -> None:
+    assert instruct_text(instruction) == UPSTREAM_INSTRUCT
+    ids = prompter.instruct2_ids(instruction, UPSTREAM_INSTRUCT_TEXT)
+    assert ids == upstream_ids(hf_tokenizer, prompter, UPSTREAM_INSTRUCT, UPSTREAM_INSTRUCT_TEXT)
+    assert ids[-1] == prompter.ids.task_id and not any(prompter.ids.is_speech(t) for t in ids)
+
+
+def test_chat_user_turn_of_each_mode(prompter: CosyVoice3Prompt) -> None:
+    """The text the chat server gets (upstream's BLS: user turn = system part + reference text + target) tokenizes
+    to the same ids as our in-Triton prompt in each mode."""
+    encode = prompter.tokenizer.encode
+    for prefix, target, ids in (
+        ("", "Hello.", prompter.cross_lingual_ids("Hello.")),
+        ("", UPSTREAM_CROSS_LINGUAL, prompter.cross_lingual_ids(UPSTREAM_CROSS_LINGUAL)),
+        (
+            UPSTREAM_INSTRUCT,
+            UPSTREAM_INSTRUCT_TEXT,
+            prompter.instruct2_ids(UPSTREAM_INSTRUCT, UPSTREAM_INSTRUCT_TEXT),
+        ),
+    ):
+        user = system_part(prefix, target) + target
+        assert encode(f"<|sos|>{user}<|task_id|>").ids == ids
 
 
 def test_reserved_rows_are_dropped_other_ids_refused(prompter: CosyVoice3Prompt) -> None:

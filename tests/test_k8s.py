@@ -287,6 +287,15 @@ def test_models_are_prepared_once_and_served_read_only(manifests):
     assert voices["subPath"] == "voices" and flag_value(manifests.argv(api), "--voices-dir") == "/voices"
 
 
+def test_every_api_replica_writes_the_one_voices_folder(manifests):
+    """Voices and their profiles, uploaded or deleted through any replica, are seen by every replica."""
+    claim = the_one(manifests.of_kind("PersistentVolumeClaim"), "PersistentVolumeClaim")["metadata"]["name"]
+    workload, api = api_container(manifests)
+    (voices,) = [m for m in api["volumeMounts"] if m["mountPath"] == "/voices"]
+    assert not voices.get("readOnly") and voices["subPath"] == "voices"
+    assert workload.volume(voices["name"])["persistentVolumeClaim"]["claimName"] == claim
+
+
 def test_every_pod_runs_as_non_root(manifests):
     for workload in manifests.workloads():
         context = workload.pod["securityContext"]

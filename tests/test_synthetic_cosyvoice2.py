@@ -195,21 +195,18 @@ def test_logits_match_transformers(parts, prompt_ids, hf_logits):
     within("logits over max |logit|", max_error(ours, hf_logits) / float(hf_logits.abs().max()), 1e-3)
 
 
-def test_upstream_sampling_speaks_and_ends_now_and_then(hf_logits):
-    """Under the BLS's top-k 50 / top-p 0.95 / temperature 0.8, only speech tokens and `<|eos1|>` can be drawn,
-    and `<|eos1|>` rarely: speech that lasts seconds, not forever."""
+def test_upstream_sampling_speaks_and_does_not_end_before_the_text_is_said(hf_logits):
+    """Under the BLS's top-k 50 / top-p 0.95 / temperature 0.8, only speech tokens can be drawn after the
+    reference's 40 speech tokens: far fewer than the prompt's text takes to say (25 tokens/s), so `<|eos1|>`
+    has next to no probability yet (tests/test_synthetic_length.py checks where it ends)."""
     logits = hf_logits[-40:] / 0.8
     top = logits.topk(50, dim=-1)
     probs = top.values.softmax(-1)
     kept = (probs.cumsum(-1) - probs) < 0.95
-    probs = torch.where(kept, probs, 0.0)
-    probs = probs / probs.sum(-1, keepdim=True)
     end_id = cv.ORIGINAL_VOCAB_SIZE + SPEECH_TOKEN_SIZE
     speech = (top.indices >= cv.ORIGINAL_VOCAB_SIZE) & (top.indices < end_id)
-    end = top.indices == end_id
-    assert bool((speech | end | ~kept).all())
-    end_probability = float((probs * end).sum(-1).mean())
-    assert 0.0005 < end_probability < 0.05
+    assert bool((speech | ~kept).all())
+    assert float(logits.softmax(-1)[:, end_id].max()) < 1e-6
 
 
 def test_same_seed_same_bytes(tmp_path, parts):

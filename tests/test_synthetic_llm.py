@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from tritontts.checkpoint import read_state_dict
 from tritontts.spark import tokens as layout
 from tritontts.synthetic.qwen2 import qwen2_config, write_qwen2
-from tritontts.synthetic.spark import write_spark_llm
+from tritontts.synthetic.spark import length_counter, row_weights, write_spark_llm
 from tritontts.synthetic.tokenizer import build_spark_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,10 +71,12 @@ def test_qwen2_loads_in_transformers_with_varied_finite_logits(llm_dir):
     assert model.config.vocab_size == layout.VOCAB_SIZE and model.config.tie_word_embeddings
     with torch.no_grad():
         logits = model(torch.tensor([[165137, 165146, 100, 200, 165152]])).logits
-        generated = model.generate(torch.tensor([[165137, 165146, 100]]), max_new_tokens=16, do_sample=False)
+        # enough text that speech (and so greedy decoding) runs past 16 tokens before the end token
+        prompt = torch.tensor([[165137, 165146, 100, 200, 300, 400, 500]])
+        generated = model.generate(prompt, max_new_tokens=16, do_sample=False)
     assert torch.isfinite(logits).all()
     assert len(set(logits[0].argmax(-1).tolist())) > 1
-    assert len(set(generated[0, 3:].tolist())) > 3
+    assert len(set(generated[0, 7:].tolist())) > 3
 
 
 def test_full_config_has_the_real_values():
@@ -109,7 +111,8 @@ def test_weight_names_and_dtype(llm_dir):
 
 def test_sharded_weights_match_single_file(tmp_path, llm_dir):
     speech = (layout.SEMANTIC_BASE, layout.SEMANTIC_BASE + layout.SEMANTIC_COUNT)
-    written = write_qwen2(tmp_path, "tiny", seed=0, max_shard_size="20MB", speech_tokens=speech)
+    options = {"speech_tokens": speech, "counter": length_counter(), "row_weights": row_weights()}
+    written = write_qwen2(tmp_path, "tiny", seed=0, max_shard_size="20MB", **options)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 2
     assert {p.name for p in written} >= set(index["weight_map"].values())
@@ -207,5 +210,7 @@ def test_spark_llm_samples_speech_tokens(llm_dir):
 def load_prompt_ids(llm_dir: Path) -> torch.Tensor:
     from tritontts.spark.prompt import build_voice_clone_prompt, load_llm_tokenizer
 
-    text = build_voice_clone_prompt("参考。", "Hello there.", range(32), range(40))
+    text = build_voice_clone_prompt(
+        "参考。", "Hello there, this sentence takes a while.", range(32), range(40)
+    )
     return torch.tensor([load_llm_tokenizer(llm_dir).encode(text, add_special_tokens=False).ids])

@@ -125,7 +125,7 @@ def main() -> None:
 
         model_dir = write_cosyvoice3_token2wav(Path(tmp) / "tiny", "tiny", seed=0)
         flow, hift = upstream_modules(model_dir)
-        out.update(upstream_llm(write_cosyvoice3_llm_files(model_dir, "tiny", seed=0)))
+        out.update(upstream_llm(write_cosyvoice3_llm_files(model_dir, "tiny", seed=0, length_counter=False)))
     sine_noise = hift.m_source.l_sin_gen.sine_waves
     out["source_noise_head"] = sine_noise[0, :NOISE_HEAD].numpy()
     out["source_noise_far"] = sine_noise[0, NOISE_FAR : NOISE_FAR + NOISE_HEAD].numpy()

@@ -73,26 +73,8 @@ def summary_dict(runs: Sequence[BenchmarkRun], metadata: dict | None = None) -> 
     }
 
 
-def plot_latencies(runs: Sequence[BenchmarkRun], path: Path) -> None:
-    """Left: the CDF of total latency per run. Right: a histogram of first-chunk latency of streaming runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (cdf_ax, hist_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for run in runs:
-        latencies = sorted(r.latency * 1000 for r in run.records if r.ok)
-        if latencies:
-            fractions = [(i + 1) / len(latencies) for i in range(len(latencies))]
-            cdf_ax.step(
-                latencies, fractions, where="post", label=f"{run.mode}, concurrency {run.concurrency}"
-            )
-    cdf_ax.set(xlabel="total latency (ms)", ylabel="fraction of requests", title="Latency CDF")
-    cdf_ax.grid(alpha=0.3)
-    if cdf_ax.lines:
-        cdf_ax.legend(fontsize="small")
-
+def _first_chunk_panel(ax, runs: Sequence[BenchmarkRun]) -> int:
+    """A histogram of first-chunk latency per streaming run; returns the requests drawn."""
     firsts_by_run = {
         run.concurrency: [
             r.first_chunk_latency * 1000 for r in run.records if r.ok and r.first_chunk_latency is not None
@@ -101,19 +83,76 @@ def plot_latencies(runs: Sequence[BenchmarkRun], path: Path) -> None:
         if run.mode == "streaming"
     }
     everything = [v for values in firsts_by_run.values() for v in values]
-    if everything:
-        bins = np.linspace(min(everything), max(everything) + 1e-6, 21)
-        for concurrency, firsts in firsts_by_run.items():
-            if firsts:
-                hist_ax.hist(firsts, bins=bins, alpha=0.5, label=f"concurrency {concurrency}")
-    hist_ax.set(xlabel="first-chunk latency (ms)", ylabel="requests", title="First-chunk latency (streaming)")
-    if hist_ax.patches:
-        hist_ax.legend(fontsize="small")
+    bins = np.linspace(min(everything), max(everything) + 1e-6, 21)
+    for concurrency, firsts in firsts_by_run.items():
+        if firsts:
+            ax.hist(firsts, bins=bins, alpha=0.5, label=f"concurrency {concurrency}")
+    ax.set(xlabel="first-chunk latency (ms)", ylabel="requests", title="First-chunk latency (streaming)")
+    return len(everything)
+
+
+def _latency_vs_audio_panel(ax, runs: Sequence[BenchmarkRun]) -> int:
+    """Each request's latency against the seconds of audio it returned, with the real-time line (RTF 1):
+    what an offline run has instead of a first chunk. Returns the requests drawn."""
+    drawn = 0
+    longest = 0.0
+    for run in runs:
+        points = [(r.audio_seconds, r.latency) for r in run.records if r.ok and r.audio_seconds > 0]
+        if points:
+            audio, latency = zip(*points)
+            ax.scatter(audio, latency, s=14, alpha=0.7, label=f"{run.mode}, concurrency {run.concurrency}")
+            drawn += len(points)
+            longest = max(longest, *audio, *latency)
+    if drawn:
+        ax.plot([0, longest], [0, longest], color="grey", linestyle="--", linewidth=1, label="RTF 1")
+    ax.set(xlabel="audio (s)", ylabel="latency (s)", title="Latency vs audio duration")
+    return drawn
+
+
+def plot_latencies(runs: Sequence[BenchmarkRun], path: Path) -> dict[str, int]:
+    """Left: the CDF of total latency per run. Right: a histogram of first-chunk latency when there are
+    streaming results, else each request's latency against its audio duration (offline runs have no first
+    chunk). Returns the requests drawn per panel title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (cdf_ax, right_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    drawn = {"Latency CDF": 0}
+    for run in runs:
+        latencies = sorted(r.latency * 1000 for r in run.records if r.ok)
+        if latencies:
+            fractions = [(i + 1) / len(latencies) for i in range(len(latencies))]
+            cdf_ax.step(
+                latencies, fractions, where="post", label=f"{run.mode}, concurrency {run.concurrency}"
+            )
+            drawn["Latency CDF"] += len(latencies)
+    cdf_ax.set(xlabel="total latency (ms)", ylabel="fraction of requests", title="Latency CDF")
+    cdf_ax.grid(alpha=0.3)
+    if cdf_ax.lines:
+        cdf_ax.legend(fontsize="small")
+
+    streamed = any(
+        r.ok and r.first_chunk_latency is not None
+        for run in runs
+        if run.mode == "streaming"
+        for r in run.records
+    )
+    panel = _first_chunk_panel if streamed else _latency_vs_audio_panel
+    count = panel(right_ax, runs)
+    drawn[right_ax.get_title()] = count
+    right_ax.grid(alpha=0.3)
+    if count:
+        right_ax.legend(fontsize="small")
     else:
-        hist_ax.text(0.5, 0.5, "no streaming results", ha="center", va="center", transform=hist_ax.transAxes)
+        right_ax.text(
+            0.5, 0.5, "no successful requests", ha="center", va="center", transform=right_ax.transAxes
+        )
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
+    return drawn
 
 
 def write_report(

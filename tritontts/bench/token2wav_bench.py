@@ -38,7 +38,7 @@ from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.voice_cache import audio_key
 
 MODES = ("offline", "streaming")
-STRATEGIES = ("exponential", "fixed")
+STRATEGIES = ("exponential", "fixed")  # time_based needs an LLM's timing: not here
 TOKEN_RATE = 25
 PROMPT_RATE = 16000
 TIMING_NOTE = (

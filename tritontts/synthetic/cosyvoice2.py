@@ -5,8 +5,10 @@ waveform (the caller's recording, or a voiced test signal)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,12 +63,26 @@ def voiced_signal(seconds: float = VOICE_SECONDS, seed: int = 0) -> np.ndarray:
 def write_spk2info(paths: Cosyvoice2Paths, wav_16k: np.ndarray, prompt_text: str) -> Path:
     """Speaker "001" from running the front end in `paths.model_dir` on `wav_16k` and its transcript."""
     from tritontts.cosyvoice2.frontend import CosyVoice2Frontend
-    from tritontts.spark.prompt import load_llm_tokenizer
 
     features = CosyVoice2Frontend.from_model_dir(paths.model_dir)(wav_16k)
-    text_tokens = load_llm_tokenizer(paths.llm_dir).encode(prompt_text).ids
+    return save_speaker(paths.spk2info, features, prompt_text, paths.llm_dir)
+
+
+def save_speaker(spk2info: Path, features: Any, prompt_text: str, llm_dir: Path) -> Path:
+    """spk2info.pt holding speaker "001": the front end's `features` of a recording and its transcript,
+    tokenized by the LLM's tokenizer."""
+    from tritontts.spark.prompt import load_llm_tokenizer
+
+    text_tokens = load_llm_tokenizer(llm_dir).encode(prompt_text).ids
     speaker = CachedSpeaker.from_features(features, prompt_text, text_tokens)
-    return save_spk2info(paths.spk2info, {DEFAULT_SPEAKER: speaker})
+    return save_spk2info(spk2info, {DEFAULT_SPEAKER: speaker})
+
+
+def voice_wav(prompt_wav: str | Path | None, seed: int) -> np.ndarray:
+    """The recording speaker "001" is made from: `prompt_wav` at 16 kHz, or `voiced_signal(seed=seed)`."""
+    from tritontts.audio import load_wav
+
+    return voiced_signal(seed=seed) if prompt_wav is None else load_wav(prompt_wav, VOICE_SAMPLE_RATE)
 
 
 def read_marker(out_dir: str | Path) -> dict | None:
@@ -74,10 +90,26 @@ def read_marker(out_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def is_complete(out_dir: str | Path, preset: str, seed: int) -> bool:
+def is_complete(
+    out_dir: str | Path,
+    preset: str,
+    seed: int,
+    model: str | None = None,
+    missing: Callable[[str | Path], list[str]] = missing_files,
+) -> bool:
+    """The marker names this preset and seed (and `model`, when given) and no file is `missing`."""
     marker = read_marker(out_dir)
     same = marker is not None and marker.get("preset") == preset and marker.get("seed") == seed
-    return same and not missing_files(out_dir)
+    same = same and (model is None or marker.get("model") == model)
+    return same and not missing(out_dir)
+
+
+def finish_checkpoint(root: Path, missing: list[str], model: str, preset: str, seed: int) -> None:
+    """Refuse an incomplete checkpoint; otherwise write its SYNTHETIC.json marker."""
+    if missing:
+        raise RuntimeError(f"synthetic checkpoint in {root} is incomplete: {', '.join(missing)}")
+    marker = {"model": model, "preset": preset, "seed": seed, "note": "random weights, not a trained model"}
+    (root / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
 def write_cosyvoice2_checkpoint(
@@ -93,7 +125,6 @@ def write_cosyvoice2_checkpoint(
     without one, from `voiced_signal(seed=seed)`."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {PRESETS}")
-    from tritontts.audio import load_wav
     from tritontts.synthetic.cosyvoice2_flow import write_flow
     from tritontts.synthetic.cosyvoice2_hift import write_hift
     from tritontts.synthetic.cosyvoice2_llm import (
@@ -113,16 +144,6 @@ def write_cosyvoice2_checkpoint(
     write_blank_en(paths.blank_en, preset, qwen2lm)
     write_cosyvoice2_llm(paths.llm_dir, preset, qwen2lm, seed)
     del qwen2lm
-    wav = voiced_signal(seed=seed) if prompt_wav is None else load_wav(prompt_wav, VOICE_SAMPLE_RATE)
-    write_spk2info(paths, wav, prompt_text)
-    missing = missing_files(paths.root)
-    if missing:
-        raise RuntimeError(f"synthetic checkpoint in {paths.root} is incomplete: {', '.join(missing)}")
-    marker = {
-        "model": "cosyvoice2",
-        "preset": preset,
-        "seed": seed,
-        "note": "random weights, not a trained model",
-    }
-    (paths.root / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    write_spk2info(paths, voice_wav(prompt_wav, seed), prompt_text)
+    finish_checkpoint(paths.root, missing_files(paths.root), "cosyvoice2", preset, seed)
     return paths

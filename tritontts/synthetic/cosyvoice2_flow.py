@@ -11,6 +11,7 @@ import torch
 
 from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, cosyvoice2_config_from_text
 from tritontts.cosyvoice2.flow import FLOW_FILE, Flow
+from tritontts.synthetic import cosyvoice_yaml as yaml_pieces
 from tritontts.synthetic.flow_weights import flow_tensor, seeded_state_dict
 from tritontts.synthetic.presets import preset_entry
 
@@ -49,52 +50,7 @@ PRESET_VALUES: dict[str, dict[str, object]] = {
     },
 }
 
-_TEMPLATE = """\
-# set random seed, so that you may reproduce your result.
-__set_seed1: !apply:random.seed [1986]
-__set_seed2: !apply:numpy.random.seed [1986]
-__set_seed3: !apply:torch.manual_seed [1986]
-__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
-
-# fixed params
-sample_rate: 24000
-llm_input_size: {llm_size}
-llm_output_size: {llm_size}
-spk_embed_dim: 192
-qwen_pretrain_path: ''
-token_frame_rate: 25
-token_mel_ratio: 2
-
-# stream related params
-chunk_size: 25 # streaming inference chunk size, in token
-num_decoding_left_chunks: -1 # streaming inference flow decoder left chunk size, <0 means use all left chunks
-
-# model params
-llm: !new:cosyvoice.llm.llm.Qwen2LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: 6561
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: 0.8
-        top_k: 25
-        win_size: 10
-        tau_r: 0.1
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: {flow_input_size}
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: 6561
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
+_ENCODER = """\
     encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: {encoder_size}
         attention_heads: {attention_heads}
@@ -111,18 +67,8 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: !ref <chunk_size>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
+"""
+_ESTIMATOR = """\
         estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
@@ -133,43 +79,8 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
             num_mid_blocks: {num_mid_blocks}
             num_heads: {num_heads}
             act_fn: 'gelu'
-            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
-            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
-
-hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
-    in_channels: 80
-    base_channels: {hift_base_channels}
-    nb_harmonics: 8
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: [3, 7, 11]
-    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
-        num_class: 1
-        in_channels: 80
-        cond_channels: {f0_cond_channels}
-
-# gan related module
-mel_spec_transform1: !name:matcha.utils.audio.mel_spectrogram
-    n_fft: 1920
-    num_mels: 80
-    sampling_rate: !ref <sample_rate>
-    hop_size: 480
-    win_size: 1920
-    fmin: 0
-    fmax: null
-    center: False
+"""
+_GAN = """\
 hifigan: !new:cosyvoice.hifigan.hifigan.HiFiGan
     generator: !ref <hift>
     discriminator: !new:cosyvoice.hifigan.discriminator.MultipleDiscriminator
@@ -181,10 +92,8 @@ hifigan: !new:cosyvoice.hifigan.hifigan.HiFiGan
 
 # processor functions
 parquet_opener: !name:cosyvoice.dataset.processor.parquet_opener
-get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
-    token_path: !ref <qwen_pretrain_path>
-    skip_special_tokens: True
-allowed_special: 'all'
+"""
+_DATA_FUNCTIONS = """\
 tokenize: !name:cosyvoice.dataset.processor.tokenize
     get_tokenizer: !ref <get_tokenizer>
     allowed_special: !ref <allowed_special>
@@ -197,15 +106,8 @@ resample: !name:cosyvoice.dataset.processor.resample
     resample_rate: !ref <sample_rate>
 truncate: !name:cosyvoice.dataset.processor.truncate
     truncate_length: 24480 # must be a multiplier of hop_size
-feat_extractor: !name:matcha.utils.audio.mel_spectrogram
-    n_fft: 1920
-    num_mels: 80
-    sampling_rate: !ref <sample_rate>
-    hop_size: 480
-    win_size: 1920
-    fmin: 0
-    fmax: 8000
-    center: False
+"""
+_DATA_PIPELINE = """\
 compute_fbank: !name:cosyvoice.dataset.processor.compute_fbank
     feat_extractor: !ref <feat_extractor>
     num_frames: 960
@@ -285,6 +187,25 @@ train_conf_gan:
     log_interval: 100
     save_per_step: -1
 """
+_TEMPLATE = (
+    yaml_pieces.HEADER
+    + "num_decoding_left_chunks: -1 # streaming inference flow decoder left chunk size, <0 means use all left chunks\n"
+    + "\n# model params\n"
+    + yaml_pieces.llm_section("Qwen2LM")
+    + yaml_pieces.flow_head("CausalMaskedDiffWithXvec", "{flow_input_size}")
+    + _ENCODER
+    + yaml_pieces.CFM_DECODER
+    + _ESTIMATOR
+    + yaml_pieces.ESTIMATOR_CHUNKS
+    + yaml_pieces.hift_section("HiFTGenerator", "ConvRNNF0Predictor")
+    + "# gan related module\n"
+    + yaml_pieces.mel_spectrogram("mel_spec_transform1", "null")
+    + _GAN
+    + yaml_pieces.qwen_tokenizer()
+    + _DATA_FUNCTIONS
+    + yaml_pieces.mel_spectrogram("feat_extractor", "8000")
+    + _DATA_PIPELINE
+)
 
 
 def cosyvoice2_yaml(preset: str) -> str:

@@ -33,21 +33,34 @@ def meta_state_dict(preset: str = "full") -> dict[str, torch.Tensor]:
         return HiFT(preset_config(preset)).state_dict()
 
 
-def _random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def hift_tensor(
+    name: str, shape: torch.Size, gen: torch.Generator, transposed_ups: bool = True
+) -> torch.Tensor:
+    """One seeded HiFT tensor: unit Snake alphas, zero biases (the f0 head's at a speaking pitch), weights with
+    variance 1/fan_in (`transposed_ups`: the `ups.` convolutions are transposed, fan_in = in * kernel)."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "alpha":
-        return torch.ones(like.shape)
+        return torch.ones(shape)
     if name == "f0_predictor.classifier.bias":
-        return torch.full(like.shape, F0_MEAN_HZ)
+        return torch.full(shape, F0_MEAN_HZ)
     if leaf == "bias":
-        return torch.zeros(like.shape)
-    fan_in = math.prod(like.shape[1:]) if not name.startswith("ups.") else like.shape[0] * like.shape[2]
+        return torch.zeros(shape)
+    transposed = transposed_ups and name.startswith("ups.")
+    fan_in = shape[0] * shape[2] if transposed else math.prod(shape[1:])
     std = 1.0 / math.sqrt(fan_in)
     if name == "f0_predictor.classifier.weight":
         std *= F0_SPREAD_HZ
     if name.startswith("conv_post."):
         std *= CONV_POST_GAIN
-    return torch.randn(like.shape, generator=gen) * std
+    return torch.randn(shape, generator=gen) * std
+
+
+def set_weight_norm_gains(state: dict[str, torch.Tensor]) -> None:
+    """Each weight-norm gain (`...original0`) := the norm of its direction (`...original1`): weight = direction."""
+    for name in state:
+        if name.endswith("original0"):
+            direction = state[name[: -len("0")] + "1"]
+            state[name] = direction.pow(2).sum(dim=(1, 2), keepdim=True).sqrt()
 
 
 def random_state_dict(preset: str = "tiny", seed: int = 0) -> dict[str, torch.Tensor]:
@@ -55,13 +68,10 @@ def random_state_dict(preset: str = "tiny", seed: int = 0) -> dict[str, torch.Te
     shapes = meta_state_dict(preset)
     gen = torch.Generator().manual_seed(seed)
     state = {}
-    for name in sorted(shapes):
-        if not name.endswith("original0"):
-            state[name] = _random_tensor(name, shapes[name], gen)
-    for name in sorted(shapes):
-        if name.endswith("original0"):
-            direction = state[name[: -len("0")] + "1"]
-            state[name] = direction.pow(2).sum(dim=(1, 2), keepdim=True).sqrt()
+    for name in sorted(shapes):  # the gains' places hold their meta tensors until set from the directions
+        gain = name.endswith("original0")
+        state[name] = shapes[name] if gain else hift_tensor(name, shapes[name].shape, gen)
+    set_weight_norm_gains(state)
     return {name: state[name].contiguous() for name in shapes}
 
 

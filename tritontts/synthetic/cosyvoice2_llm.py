@@ -6,8 +6,10 @@ the Triton runtime serves), all holding the same network.
 embedding (6561 speech tokens + 3 stop rows) sits at `<|s_0|>`.., `llm_embedding` (sos, task_id) at
 `<|sos|> <|task_id|>`, and the untied lm_head is zero except for the speech head's rows (its bias dropped, as in
 the published checkpoint). The model "speaks" through hidden channel 0 (see qwen2.qwen2_state_dict): the speech
-head weighs that channel positively for speech tokens, a little less for `<|eos1|>` (so speech ends now and
-then), and negatively for `<|eos2|>`, `<|eos3|>`; text tokens keep logit 0 as in the real checkpoint.
+head weighs that channel positively for speech tokens and negatively for `<|eos2|>`, `<|eos3|>`; text tokens
+keep logit 0 as in the real checkpoint. `<|eos1|>` ends speech once the speech tokens in the context cover the
+text at 25 tokens/s (tritontts.synthetic.length_counter): every embedding row (text, speech, sos/task_id) has
+the counter's fixed norm and weight, and `<|eos1|>`'s head row reads its length channel.
 """
 
 from __future__ import annotations
@@ -19,25 +21,37 @@ import torch
 
 from tritontts.cosyvoice2 import tokens as cv
 from tritontts.spark.tokens import AddedToken
+from tritontts.synthetic.length_counter import (
+    LENGTH_CHANNEL,
+    SPEECH_CHANNEL,
+    TEXT_CHANNEL,
+    LengthCounter,
+    bpe_token_seconds,
+    end_row_channels,
+    fixed_norm_rows,
+    text_weights,
+)
 from tritontts.synthetic.presets import preset_entry
 from tritontts.synthetic.qwen2 import (
     DTYPE_NAMES,
     PRESETS,
+    SPEECH_CHANNEL_GAIN,
+    SPEECH_CHANNEL_INPUT,
+    TEXT_CHANNEL_INPUT,
     generation_config,
     qwen2_config,
     qwen2_state_dict,
     write_weights,
 )
-from tritontts.synthetic.tokenizer import SpecialTokens, write_qwen2_tokenizer
+from tritontts.synthetic.tokenizer import SpecialTokens, qwen2_bpe_vocab, write_qwen2_tokenizer
 
 SPEECH_HEAD_ROWS = cv.SPEECH_TOKEN_COUNT + len(cv.SPEECH_STOP_TOKENS)
 LLM_EMBEDDING_ROWS = 2
 EMBED_STD = 0.05
-SPEECH_CHANNEL_INPUT = 0.2
-TEXT_CHANNEL_INPUT = 0.05
-# Calibrated on one prompt: speech tokens ~7 (tiny) / ~10 (full) logits above text; P(<|eos1|>) ~0.5% a step.
+# Calibrated on one prompt: speech tokens ~7 (tiny) / ~10 (full) logits above text.
 SPEECH_LOGIT_WEIGHT = {"tiny": 0.1, "full": 0.5}
-END_LOGIT_WEIGHT = {"tiny": 0.118, "full": 0.76}
+SPEECH_TOKEN_RATE = 25  # CosyVoice2's speech tokens per second of audio
+COUNTER = LengthCounter(SPEECH_TOKEN_RATE)
 LLM_DTYPE = torch.bfloat16
 BLANK_EN_DTYPE = torch.bfloat16
 CHAT_TEMPLATE = (
@@ -53,19 +67,52 @@ def _hidden(preset: str) -> int:
     return preset_entry(PRESETS, preset).hidden_size
 
 
+def text_row_weights() -> torch.Tensor:
+    """The length counter's weight of each Qwen2 text id: by its spoken seconds; added tokens 1."""
+    vocab, _ = qwen2_bpe_vocab()
+    return text_weights(bpe_token_seconds(vocab, cv.QWEN2_VOCAB_SIZE), SPEECH_TOKEN_RATE)
+
+
+def other_rows(rows: int, h: int, gen: torch.Generator) -> torch.Tensor:
+    """Embedding rows of non-speech, non-text tokens (sos, task_id, unused ids): weight 1, text-like."""
+    random = torch.randn(rows, h, generator=gen) * EMBED_STD
+    return fixed_norm_rows(random, torch.ones(rows), torch.full((rows,), TEXT_CHANNEL_INPUT), COUNTER)
+
+
+def speech_rows(rows: int, h: int, gen: torch.Generator) -> torch.Tensor:
+    """Embedding rows of speech tokens: weight 0 (they add no text), the speech channel's input value."""
+    random = torch.randn(rows, h, generator=gen) * EMBED_STD
+    return fixed_norm_rows(random, torch.zeros(rows), torch.full((rows,), SPEECH_CHANNEL_INPUT), COUNTER)
+
+
+def counting_qwen2(preset: str, seed: int) -> dict[str, torch.Tensor]:
+    """The Qwen2 body (HF names, fp32, tied) with the length counter over the Qwen2 text vocabulary."""
+    return qwen2_state_dict(
+        preset, seed, cv.QWEN2_VOCAB_SIZE, torch.float32, (0, 0), COUNTER, text_row_weights()
+    )
+
+
+def speech_head(rows: int, end_row: int, h: int, gen: torch.Generator, preset: str) -> torch.Tensor:
+    """The speech decoder's weight `[rows, h]`: the 6561 speech rows read the speech channel positively, the
+    rest negatively, except `end_row`, which ends speech once the context's speech covers its text."""
+    decoder = torch.randn(rows, h, generator=gen) * EMBED_STD
+    decoder[:, [LENGTH_CHANNEL, TEXT_CHANNEL]] = 0
+    decoder[: cv.SPEECH_TOKEN_COUNT, SPEECH_CHANNEL] = SPEECH_LOGIT_WEIGHT[preset]
+    decoder[cv.SPEECH_TOKEN_COUNT :, SPEECH_CHANNEL] = -SPEECH_LOGIT_WEIGHT[preset]
+    extra, length = end_row_channels(SPEECH_CHANNEL_INPUT, SPEECH_CHANNEL_GAIN)
+    decoder[end_row, SPEECH_CHANNEL] = SPEECH_LOGIT_WEIGHT[preset] + extra
+    decoder[end_row, LENGTH_CHANNEL] = length
+    return decoder
+
+
 def qwen2lm_state_dict(preset: str = "tiny", seed: int = 0) -> dict[str, torch.Tensor]:
     """`llm.pt`: Qwen2LM's state_dict in fp32, keys in module order; lm_head shares embed_tokens (tied)."""
     h = _hidden(preset)
-    body = qwen2_state_dict(preset, seed, cv.QWEN2_VOCAB_SIZE, torch.float32, speech_tokens=(0, 0))
+    body = counting_qwen2(preset, seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    speech_embedding = torch.randn(SPEECH_HEAD_ROWS, h, generator=gen) * EMBED_STD
-    speech_embedding[:, 0] = SPEECH_CHANNEL_INPUT
-    llm_embedding = torch.randn(LLM_EMBEDDING_ROWS, h, generator=gen) * EMBED_STD
-    llm_embedding[:, 0] = TEXT_CHANNEL_INPUT
-    decoder = torch.randn(SPEECH_HEAD_ROWS, h, generator=gen) * EMBED_STD
-    decoder[: cv.SPEECH_TOKEN_COUNT, 0] = SPEECH_LOGIT_WEIGHT[preset]
-    decoder[cv.SPEECH_TOKEN_COUNT, 0] = END_LOGIT_WEIGHT[preset]
-    decoder[cv.SPEECH_TOKEN_COUNT + 1 :, 0] = -SPEECH_LOGIT_WEIGHT[preset]
+    speech_embedding = speech_rows(SPEECH_HEAD_ROWS, h, gen)
+    llm_embedding = other_rows(LLM_EMBEDDING_ROWS, h, gen)
+    decoder = speech_head(SPEECH_HEAD_ROWS, cv.SPEECH_TOKEN_COUNT, h, gen, preset)
     state = {"llm_embedding.weight": llm_embedding}
     state.update({f"llm.model.{k}": v for k, v in body.items()})
     state["llm.model.lm_head.weight"] = state["llm.model.model.embed_tokens.weight"]
@@ -90,7 +137,7 @@ def hf_state_dict(qwen2lm: dict[str, torch.Tensor], seed: int = 0) -> dict[str, 
     embed = qwen2lm["llm.model.model.embed_tokens.weight"]
     h = embed.shape[1]
     gen = torch.Generator().manual_seed(seed + 2)
-    embed_tokens = torch.randn(cv.LLM_VOCAB_SIZE, h, generator=gen) * EMBED_STD
+    embed_tokens = other_rows(cv.LLM_VOCAB_SIZE, h, gen)
     embed_tokens[: cv.QWEN2_VOCAB_SIZE] = embed
     speech = slice(cv.ORIGINAL_VOCAB_SIZE, cv.ORIGINAL_VOCAB_SIZE + SPEECH_HEAD_ROWS)
     embed_tokens[speech] = qwen2lm["speech_embedding.weight"]

@@ -9,7 +9,6 @@ The same preset and seed give the same bytes.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -19,7 +18,8 @@ from tritontts.cosyvoice3.config import CONFIG_FILE, CosyVoice3Config, cosyvoice
 from tritontts.cosyvoice3.dit import RotaryEmbedding
 from tritontts.cosyvoice3.flow import FLOW_FILE, Flow3
 from tritontts.cosyvoice3.hift import CausalHiFT
-from tritontts.synthetic.cosyvoice2_hift import CONV_POST_GAIN, F0_MEAN_HZ, F0_SPREAD_HZ
+from tritontts.synthetic import cosyvoice_yaml as yaml_pieces
+from tritontts.synthetic.cosyvoice2_hift import hift_tensor, set_weight_norm_gains
 from tritontts.synthetic.cosyvoice2_onnx import write_campplus_onnx, write_speech_tokenizer_onnx
 from tritontts.synthetic.flow_weights import flow_tensor, seeded_state_dict
 from tritontts.synthetic.presets import preset_entry
@@ -30,72 +30,18 @@ CAMPPLUS_FILE = "campplus.onnx"
 
 PRESET_VALUES: dict[str, dict[str, int]] = {
     "full": {"llm_size": 896, "lookahead": 1024, "dim": 1024, "depth": 22, "heads": 16, "dim_head": 64,
-             "hift_base": 512, "f0_cond": 512},
+             "hift_base_channels": 512, "f0_cond_channels": 512},
     "tiny": {"llm_size": 64, "lookahead": 64, "dim": 64, "depth": 2, "heads": 4, "dim_head": 16,
-             "hift_base": 32, "f0_cond": 32},
+             "hift_base_channels": 32, "f0_cond_channels": 32},
 }  # fmt: skip
 
-_TEMPLATE = """\
-# set random seed, so that you may reproduce your result.
-__set_seed1: !apply:random.seed [1986]
-__set_seed2: !apply:numpy.random.seed [1986]
-__set_seed3: !apply:torch.manual_seed [1986]
-__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
-
-# fixed params
-sample_rate: 24000
-llm_input_size: {llm_size}
-llm_output_size: {llm_size}
-spk_embed_dim: 192
-qwen_pretrain_path: ''
-token_frame_rate: 25
-token_mel_ratio: 2
-
-# stream related params
-chunk_size: 25 # streaming inference chunk size, in token
-num_decoding_left_chunks: -1
-
-llm: !new:cosyvoice.llm.llm.CosyVoice3LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: 6561
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: 0.8
-        top_k: 25
-        win_size: 10
-        tau_r: 0.1
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
-    input_size: 80
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: 6561
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
+_FLOW_MODULES = """\
     pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
         in_channels: 80
         channels: {lookahead}
         pre_lookahead_len: 3
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
+"""
+_ESTIMATOR = """\
         estimator: !new:cosyvoice.flow.DiT.dit.DiT
             dim: {dim}
             depth: {depth}
@@ -106,49 +52,22 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
             mu_dim: 80
             spk_dim: 80
             out_channels: 80
-            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
-            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
-
-hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
-    in_channels: 80
-    base_channels: {hift_base}
-    nb_harmonics: 8
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: [3, 7, 11]
-    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-    conv_pre_look_right: 4
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
-        num_class: 1
-        in_channels: 80
-        cond_channels: {f0_cond}
-
-get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
-    token_path: !ref <qwen_pretrain_path>
-    skip_special_tokens: True
-    version: cosyvoice3
-allowed_special: 'all'
-feat_extractor: !name:matcha.utils.audio.mel_spectrogram
-    n_fft: 1920
-    num_mels: 80
-    sampling_rate: !ref <sample_rate>
-    hop_size: 480
-    win_size: 1920
-    fmin: 0
-    fmax: null
-    center: False
 """
+_TEMPLATE = (
+    yaml_pieces.HEADER
+    + "num_decoding_left_chunks: -1\n\n"
+    + yaml_pieces.llm_section("CosyVoice3LM")
+    + yaml_pieces.flow_head("CausalMaskedDiffWithDiT", "80")
+    + _FLOW_MODULES
+    + yaml_pieces.CFM_DECODER
+    + _ESTIMATOR
+    + yaml_pieces.ESTIMATOR_CHUNKS
+    + yaml_pieces.hift_section(
+        "CausalHiFTGenerator", "CausalConvRNNF0Predictor", "    conv_pre_look_right: 4\n"
+    )
+    + yaml_pieces.qwen_tokenizer("    version: cosyvoice3\n")
+    + yaml_pieces.mel_spectrogram("feat_extractor", "null")
+)
 
 
 def cosyvoice3_yaml(preset: str) -> str:
@@ -170,28 +89,13 @@ def random_flow_state_dict(config: CosyVoice3Config, seed: int = 0) -> dict[str,
 
 
 def _hift_tensor(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "alpha":
-        return torch.ones(shape)
-    if name == "f0_predictor.classifier.bias":
-        return torch.full(shape, F0_MEAN_HZ)
-    if leaf == "bias":
-        return torch.zeros(shape)
-    std = 1.0 / math.sqrt(math.prod(shape[1:]))
-    if name == "f0_predictor.classifier.weight":
-        std *= F0_SPREAD_HZ
-    if name.startswith("conv_post."):
-        std *= CONV_POST_GAIN
-    return torch.randn(shape, generator=gen) * std
+    return hift_tensor(name, shape, gen, transposed_ups=False)  # CausalHiFT upsamples with plain convolutions
 
 
 def random_hift_state_dict(config: CosyVoice3Config, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded weights; each weight-norm gain is its direction's norm (so weight = direction)."""
     state = seeded_state_dict(lambda: CausalHiFT(config.hift), _hift_tensor, seed)
-    for name in state:
-        if name.endswith("original0"):
-            direction = state[name[:-1] + "1"]
-            state[name] = direction.pow(2).sum(dim=(1, 2), keepdim=True).sqrt()
+    set_weight_norm_gains(state)
     return state
 
 

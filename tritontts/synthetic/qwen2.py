@@ -10,6 +10,14 @@ import torch
 
 from tritontts.checkpoint import write_safetensors
 from tritontts.spark import tokens as layout
+from tritontts.synthetic.length_counter import (
+    LENGTH_CHANNEL,
+    SPEECH_CHANNEL,
+    LengthCounter,
+    end_row_channels,
+    fixed_norm_rows,
+    install_counter,
+)
 from tritontts.synthetic.presets import preset_entry
 
 
@@ -28,6 +36,8 @@ PRESETS = {
     "tiny": Qwen2Preset(64, 2, 4, 2, 128, torch.float32),
 }
 SPEECH_CHANNEL_GAIN = 1500.0
+SPEECH_CHANNEL_INPUT = 0.2  # the speech channel of speech-token embeddings (other tokens: TEXT_CHANNEL_INPUT)
+TEXT_CHANNEL_INPUT = 0.05
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
 
 
@@ -83,6 +93,8 @@ def qwen2_state_dict(
     vocab_size: int = layout.VOCAB_SIZE,
     dtype: torch.dtype | None = None,
     speech_tokens: tuple[int, int] | None = None,
+    counter: LengthCounter | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Random weights with HF Qwen2 names; tied embeddings, so no `lm_head.weight`.
 
@@ -126,12 +138,24 @@ def qwen2_state_dict(
     state["model.norm.weight"] = norm_weight()
     if speech_tokens is not None:
         embed = state["model.embed_tokens.weight"]
-        embed[:, 0] = 0.05
-        embed[speech_tokens[0] : speech_tokens[1], 0] = 0.2
+        speech_values = torch.full((vocab_size,), TEXT_CHANNEL_INPUT)
+        speech_values[speech_tokens[0] : speech_tokens[1]] = SPEECH_CHANNEL_INPUT
+        if counter is None:
+            embed[:, SPEECH_CHANNEL] = speech_values.to(p.dtype)
+        else:
+            if row_weights is None or row_weights.shape != (vocab_size,):
+                raise ValueError(f"counter needs row_weights of shape ({vocab_size},)")
+            embed.copy_(fixed_norm_rows(embed, row_weights, speech_values, counter))
         for i in range(p.num_hidden_layers):
-            state[f"model.layers.{i}.self_attn.o_proj.weight"][0] = 0
-            state[f"model.layers.{i}.mlp.down_proj.weight"][0] = 0
-        state["model.norm.weight"][0] = SPEECH_CHANNEL_GAIN
+            state[f"model.layers.{i}.self_attn.o_proj.weight"][SPEECH_CHANNEL] = 0
+            state[f"model.layers.{i}.mlp.down_proj.weight"][SPEECH_CHANNEL] = 0
+        state["model.norm.weight"][SPEECH_CHANNEL] = SPEECH_CHANNEL_GAIN
+        if counter is not None:
+            install_counter(state, p.num_attention_heads, p.num_key_value_heads, p.num_hidden_layers, counter)
+            if counter.end_row is not None:
+                extra, length = end_row_channels(SPEECH_CHANNEL_INPUT, SPEECH_CHANNEL_GAIN)
+                embed[counter.end_row, SPEECH_CHANNEL] = SPEECH_CHANNEL_INPUT + extra
+                embed[counter.end_row, LENGTH_CHANNEL] = length
     return state
 
 
@@ -187,6 +211,8 @@ def write_qwen2(
     max_shard_size: int | str | None = None,
     dtype: torch.dtype | None = None,
     speech_tokens: tuple[int, int] | None = None,
+    counter: LengthCounter | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> list[Path]:
     """Write config.json, generation_config.json and the weights into `out_dir`; return the paths written.
 
@@ -199,6 +225,6 @@ def write_qwen2(
     config_path.write_text(json.dumps(qwen2_config(preset, vocab_size, dtype), indent=2) + "\n")
     generation_path = out_dir / "generation_config.json"
     generation_path.write_text(json.dumps(generation_config(), indent=2) + "\n")
-    state = qwen2_state_dict(preset, seed, vocab_size, dtype, speech_tokens)
+    state = qwen2_state_dict(preset, seed, vocab_size, dtype, speech_tokens, counter, row_weights)
     weights = write_weights(state, out_dir, max_shard_size)
     return [config_path, generation_path, *weights]

@@ -5,13 +5,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from tritontts.spark import tokens
 from tritontts.spark.layout import missing_files
+from tritontts.synthetic.length_counter import LengthCounter, bpe_token_seconds, text_weights
 from tritontts.synthetic.qwen2 import write_qwen2
-from tritontts.synthetic.tokenizer import build_spark_tokenizer
+from tritontts.synthetic.tokenizer import build_spark_tokenizer, qwen2_bpe_vocab
 
 MARKER = "SYNTHETIC.json"
 PRESETS = ("tiny", "full")
+SEMANTIC_TOKEN_RATE = 50  # BiCodec semantic tokens per second of audio
+
+
+def length_counter() -> LengthCounter:
+    """Speech ends at <|im_end|> once the semantic tokens in the context cover the text at 50 tokens/s."""
+    return LengthCounter(SEMANTIC_TOKEN_RATE, tokens.token_ids()[tokens.EOS_TOKEN])
+
+
+def row_weights(vocab_size: int = tokens.VOCAB_SIZE) -> torch.Tensor:
+    """The length counter's weight per id: text by its spoken seconds, semantic tokens 0, the rest 1."""
+    vocab, _ = qwen2_bpe_vocab()
+    weights = text_weights(bpe_token_seconds(vocab, vocab_size), SEMANTIC_TOKEN_RATE)
+    weights[tokens.SEMANTIC_BASE : tokens.SEMANTIC_BASE + tokens.SEMANTIC_COUNT] = 0
+    return weights
 
 
 def write_spark_llm(llm_dir: str | Path, preset: str = "tiny", seed: int = 0, **qwen2_options) -> Path:
@@ -20,6 +37,8 @@ def write_spark_llm(llm_dir: str | Path, preset: str = "tiny", seed: int = 0, **
     qwen2_options.setdefault(
         "speech_tokens", (tokens.SEMANTIC_BASE, tokens.SEMANTIC_BASE + tokens.SEMANTIC_COUNT)
     )
+    qwen2_options.setdefault("counter", length_counter())
+    qwen2_options.setdefault("row_weights", row_weights(qwen2_options.get("vocab_size", tokens.VOCAB_SIZE)))
     write_qwen2(llm_dir, preset, seed, **qwen2_options)
     build_spark_tokenizer(llm_dir)
     return llm_dir
