@@ -26,6 +26,8 @@ MAX_TEXT_LENGTH = 300
 TOKEN_HOP_LEN = 15
 PRE_LOOKAHEAD_LEN = 3
 CHUNK_STRATEGY = "exponential"
+TIME_BASED = PREFIX + "time_based"
+"""A streaming BLS with upstream's time_based chunk strategy (tests/test_chunk_strategy.py)."""
 LLM_SLOTS = {"tensorrt_llm": 4, "tensorrt_llm_offline": 8}
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav")
 CHECKPOINT = "cosyvoice2_tiny"
@@ -38,21 +40,39 @@ def checkpoint_paths(data: Path) -> Cosyvoice2Paths:
 def build_cosyvoice2_models(repo: Path, data: Path) -> None:
     from tritontts.synthetic.cosyvoice2 import write_cosyvoice2_checkpoint
 
-    if PROMPT_ZH.exists():
-        paths = write_cosyvoice2_checkpoint(
-            data / CHECKPOINT, "tiny", 0, prompt_wav=PROMPT_ZH, prompt_text=PROMPT_ZH_TEXT
-        )
-    else:
-        paths = write_cosyvoice2_checkpoint(data / CHECKPOINT, "tiny", 0)
+    paths = write_cosyvoice2_checkpoint(data / CHECKPOINT, "tiny", 0, **reference_prompt())
     model_dir, llm_dir = paths.model_dir.resolve(), paths.llm_dir.resolve()
-    front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:{MAX_REFERENCE_SECONDS}"
-    for leaf in ("audio_tokenizer", "speaker_embedding"):
-        install_template(TEMPLATES, leaf, repo, PREFIX + leaf, front)
+    install_shared_models(TEMPLATES, repo, PREFIX, model_dir, llm_dir)
+    for name, decoupled, llm in (
+        ("cosyvoice2", True, "tensorrt_llm"),
+        ("cosyvoice2_offline", False, "tensorrt_llm_offline"),
+    ):
+        install_template(TEMPLATES, "cosyvoice2", repo, name, bls_values(model_dir, llm_dir, decoupled, llm))
     install_template(
         TEMPLATES,
+        "cosyvoice2",
+        repo,
+        TIME_BASED,
+        bls_values(model_dir, llm_dir, True, "tensorrt_llm", strategy="time_based"),
+    )
+
+
+def reference_prompt() -> dict:
+    """The synthetic checkpoint's speaker "001" from the test recording and its transcript, when present."""
+    return {"prompt_wav": PROMPT_ZH, "prompt_text": PROMPT_ZH_TEXT} if PROMPT_ZH.exists() else {}
+
+
+def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: Path, llm_dir: Path) -> None:
+    """A CosyVoice repository's front-end leaves and token2wav (from `templates`) and its two torch LLM engines
+    (streaming and offline), named `prefix + role`, all on CPU in float32."""
+    front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:{MAX_REFERENCE_SECONDS}"
+    for leaf in ("audio_tokenizer", "speaker_embedding"):
+        install_template(templates, leaf, repo, prefix + leaf, front)
+    install_template(
+        templates,
         "token2wav",
         repo,
-        PREFIX + "token2wav",
+        prefix + "token2wav",
         f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,instance_num:1,cuda_graph_batch_sizes:1\\,2",
     )
     for llm, slots in LLM_SLOTS.items():
@@ -60,24 +80,26 @@ def build_cosyvoice2_models(repo: Path, data: Path) -> None:
             LLM_TEMPLATES,
             "tensorrt_llm_torch",
             repo,
-            PREFIX + llm,
+            prefix + llm,
             f"model_dir:{llm_dir},{COMMON},decoupled_mode:{llm == 'tensorrt_llm'},llm_max_batch_size:{slots},"
             "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false",
         )
-    for name, decoupled, llm in (
-        ("cosyvoice2", True, "tensorrt_llm"),
-        ("cosyvoice2_offline", False, "tensorrt_llm_offline"),
-    ):
-        install_template(TEMPLATES, "cosyvoice2", repo, name, bls_values(model_dir, llm_dir, decoupled, llm))
 
 
-def bls_values(model_dir: Path, llm_dir: Path, decoupled: bool, llm: str, token2wav: str = "") -> str:
+def bls_values(
+    model_dir: Path,
+    llm_dir: Path,
+    decoupled: bool,
+    llm: str,
+    token2wav: str = "",
+    strategy: str = CHUNK_STRATEGY,
+) -> str:
     """The `cosyvoice2` template's values for a BLS of this repository (`token2wav`: another token2wav model)."""
     leaves = {leaf: f"{PREFIX}{leaf}" for leaf in LEAVES} | ({"token2wav": token2wav} if token2wav else {})
     return (
         f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},"
         f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
-        f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
+        f"dynamic_chunk_strategy:{strategy},max_new_tokens:{MAX_NEW_TOKENS},"
         f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
         + ",".join(f"{role}_model:{name}" for role, name in leaves.items())
         + f",tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:"

@@ -10,10 +10,15 @@ leaf models `cosyvoice3_audio_tokenizer`, `cosyvoice3_speaker_embedding`, `cosyv
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import PROMPT_ZH, PROMPT_ZH_TEXT
-from cosyvoice2_models import install_template
+import httpx
+from cosyvoice2_models import install_shared_models, install_template, reference_prompt
 from spark_models import COMMON
 
 from tritontts.cosyvoice3.layout import LLM_DIR, MODEL_DIR
@@ -21,7 +26,6 @@ from tritontts.triton.server import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "model_repo_cosyvoice3"
-LLM_TEMPLATES = ROOT / "model_repo"
 PREFIX = "cosyvoice3_"
 CHECKPOINT = "cosyvoice3_tiny"
 MAX_NEW_TOKENS = 100
@@ -30,7 +34,6 @@ MAX_TEXT_LENGTH = 300
 TOKEN_HOP_LEN = 15
 PRE_LOOKAHEAD_LEN = 3
 VOCODER_MAX_SECONDS = 60
-LLM_SLOTS = {"tensorrt_llm": 4, "tensorrt_llm_offline": 8}
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder")
 (LLM_HTTP_PORT,) = free_ports(1)
 
@@ -42,20 +45,9 @@ def checkpoint_root(data: Path) -> Path:
 def build_cosyvoice3_models(repo: Path, data: Path) -> None:
     from tritontts.synthetic.cosyvoice3_checkpoint import write_cosyvoice3_checkpoint
 
-    prompt = {"prompt_wav": PROMPT_ZH, "prompt_text": PROMPT_ZH_TEXT} if PROMPT_ZH.exists() else {}
-    root = write_cosyvoice3_checkpoint(checkpoint_root(data), "tiny", 0, **prompt).resolve()
+    root = write_cosyvoice3_checkpoint(checkpoint_root(data), "tiny", 0, **reference_prompt()).resolve()
     model_dir, llm_dir = root / MODEL_DIR, root / LLM_DIR
-    front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:{MAX_REFERENCE_SECONDS}"
-    for leaf in ("audio_tokenizer", "speaker_embedding"):
-        install_template(TEMPLATES, leaf, repo, PREFIX + leaf, front)
-    install_template(
-        TEMPLATES,
-        "token2wav",
-        repo,
-        PREFIX + "token2wav",
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,instance_num:1,"
-        "cuda_graph_batch_sizes:1\\,2",
-    )
+    install_shared_models(TEMPLATES, repo, PREFIX, model_dir, llm_dir)
     install_template(
         TEMPLATES,
         "vocoder",
@@ -63,15 +55,6 @@ def build_cosyvoice3_models(repo: Path, data: Path) -> None:
         PREFIX + "vocoder",
         f"model_dir:{model_dir},{COMMON},device:cpu,instance_num:1,max_seconds:{VOCODER_MAX_SECONDS}",
     )
-    for llm, slots in LLM_SLOTS.items():
-        install_template(
-            LLM_TEMPLATES,
-            "tensorrt_llm_torch",
-            repo,
-            PREFIX + llm,
-            f"model_dir:{llm_dir},{COMMON},decoupled_mode:{llm == 'tensorrt_llm'},llm_max_batch_size:{slots},"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false",
-        )
     leaves = ",".join(f"{leaf}_model:{PREFIX}{leaf}" for leaf in LEAVES)
     for name, decoupled, llm, api in (
         ("cosyvoice3", True, "tensorrt_llm", ""),
@@ -89,3 +72,29 @@ def build_cosyvoice3_models(repo: Path, data: Path) -> None:
             f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
             f"{leaves},tensorrt_llm_model:{PREFIX if llm != 'none' else ''}{llm},llm_api_base:{api}",
         )
+
+
+@contextmanager
+def openai_llm_server(model_dir: Path, log: Path) -> Iterator[subprocess.Popen]:
+    """`python -m tritontts.llm.openai_server` on the checkpoint's HF LLM at `LLM_HTTP_PORT` (where the
+    `cosyvoice3_http` BLS asks), until it answers /health; stopped on exit."""
+    command = [sys.executable, "-m", "tritontts.llm.openai_server", "--model-dir", str(model_dir.parent / LLM_DIR),
+               "--port", str(LLM_HTTP_PORT), "--device", "cpu", "--dtype", "float32", "--max-batch-size", "4",
+               "--no-cuda-graphs", "--log-level", "warning"]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{LLM_HTTP_PORT}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import soundfile
+from conftest import PROMPT_ZH_TEXT
 from spark_models import MAX_NEW_TOKENS, build_spark_models
 from test_clients_errors import assert_one_clear_line
 from triton_stubs import signal_stub
@@ -77,9 +78,9 @@ def test_http_client_single_utterance(server, prompt_zh, tmp_path):
             "--reference-audio",
             str(prompt_zh),
             "--reference-text",
-            "参考。",
+            PROMPT_ZH_TEXT,  # the clip's whole transcript: the synthetic LLM's length follows text vs speech
             "--target-text",
-            "Hello.",
+            "Hello there, how are you today?",
             "--output-audio",
             str(tmp_path / "one.wav"),
         ],

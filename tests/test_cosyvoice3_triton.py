@@ -9,9 +9,6 @@ OpenAI-compatible server (`cosyvoice3_http`).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,16 +19,26 @@ import torch
 import tritonclient.grpc as grpcclient
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice3_models import (
-    LLM_HTTP_PORT,
     MAX_NEW_TOKENS,
     PRE_LOOKAHEAD_LEN,
     PREFIX,
     TOKEN_HOP_LEN,
     build_cosyvoice3_models,
+    openai_llm_server,
+)
+from cosyvoice_triton import (
+    BAD_REQUESTS,
+    SAMPLES_PER_TOKEN,
+    audible,
+    check_chunks,
+    check_refused_then_served,
+    infer,
+    tokens,
+    with_changes,
 )
 from tolerance import max_error, server_threads, within
 from triton_stats import inference_count
-from triton_stream import make_inputs, stream_waveforms
+from triton_stream import stream_waveforms
 from tritonclient.utils import InferenceServerException
 
 from tritontts.audio import load_wav
@@ -40,7 +47,6 @@ from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.cosyvoice3.wire import token2wav_arrays, vocoder_arrays
 
 TRITON_MODELS = [build_cosyvoice3_models]
-SAMPLES_PER_TOKEN = 960
 OFFLINE, STREAMING, HTTP_LLM = "cosyvoice3_offline", "cosyvoice3", "cosyvoice3_http"
 TOKENIZER, EMBEDDING, TOKEN2WAV, VOCODER = (
     PREFIX + m for m in ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder")
@@ -70,36 +76,13 @@ def model_dir(server) -> Path:
 @pytest.fixture(scope="module")
 def llm_server(server, model_dir, tmp_path_factory):
     """`python -m tritontts.llm.openai_server` on the port the `cosyvoice3_http` BLS was configured with."""
-    log = tmp_path_factory.mktemp("llm_server") / "server.log"
-    command = [sys.executable, "-m", "tritontts.llm.openai_server", "--model-dir", str(model_dir.parent / "hf_cosyvoice3_llm"),
-               "--port", str(LLM_HTTP_PORT), "--device", "cpu", "--dtype", "float32", "--max-batch-size", "4",
-               "--no-cuda-graphs", "--log-level", "warning"]  # fmt: skip
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{LLM_HTTP_PORT}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
+    with openai_llm_server(model_dir, tmp_path_factory.mktemp("llm_server") / "server.log") as process:
         yield process
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def reference(prompt_zh) -> np.ndarray:
     return load_wav(prompt_zh, 16000)[: 16000 * 3]
-
-
-def tokens(count: int) -> dict:
-    return {"min_new_tokens": count, "max_new_tokens": count}
 
 
 def request(
@@ -115,14 +98,6 @@ def request(
         if reference_text is not None:
             values["reference_text"] = np.array([[reference_text.encode()]], dtype=object)
     return values
-
-
-def infer(server, model: str, values: dict, output: str = "waveform", **kwargs) -> np.ndarray:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        return client.infer(model, make_inputs(values), **kwargs).as_numpy(output)
-    finally:
-        client.close()
 
 
 def offline(server, values: dict, count: int) -> np.ndarray:
@@ -144,10 +119,6 @@ def expected_chunk_sizes(count: int) -> list[int]:
     return sizes
 
 
-def audible(audio: np.ndarray) -> bool:
-    return bool(np.all(np.isfinite(audio)) and 0 < np.abs(audio).max() <= 1.0)
-
-
 @pytest.mark.parametrize("voice", ["reference", "spk2info"])
 def test_offline_exact_length(server, reference, voice):
     audio = offline(server, request(reference if voice == "reference" else None), 30)
@@ -159,9 +130,8 @@ def test_streaming_chunks_follow_upstreams_schedule_and_add_up(server, reference
     count = 60
     chunks = stream(server, request(reference if voice == "reference" else None), tokens(count))
     # exponential hops 15, 25: calls at 18 and 43 tokens, then the finalize call
-    assert [c.size for c in chunks] == expected_chunk_sizes(count) == [10560, 24000, 23040]
-    joined = np.concatenate(chunks)
-    assert joined.size == count * SAMPLES_PER_TOKEN and audible(joined)
+    assert expected_chunk_sizes(count) == [10560, 24000, 23040]
+    check_chunks(chunks, expected_chunk_sizes(count), count)
 
 
 def test_upstream_client_http_json_with_padded_audio(server, reference):
@@ -221,50 +191,10 @@ def test_repeated_reference_hits_the_voice_cache(server, reference):
     assert second == first
 
 
-def with_changes(values: dict, **changes) -> dict:
-    return {**values, **changes}
-
-
-def without(values: dict, *names: str) -> dict:
-    return {k: v for k, v in values.items() if k not in names}
-
-
-BAD_REQUESTS = {
-    "empty target_text": (
-        lambda v: with_changes(v, target_text=np.array([[b""]], dtype=object)),
-        "target_text",
-    ),
-    "no target_text": (lambda v: without(v, "target_text"), "target_text"),
-    "reference_text without reference_wav": (
-        lambda v: without(v, "reference_wav", "reference_wav_len"),
-        "reference_wav",
-    ),
-    "NaN audio": (
-        lambda v: with_changes(v, reference_wav=np.full((1, 16000), np.nan, np.float32)),
-        "reference_wav",
-    ),
-    "too long audio": (
-        lambda v: with_changes(
-            v,
-            reference_wav=np.zeros((1, 16000 * 31), np.float32),
-            reference_wav_len=np.array([[16000 * 31]], np.int32),
-        ),
-        "reference_wav",
-    ),
-    "float64 audio": (
-        lambda v: with_changes(v, reference_wav=v["reference_wav"].astype(np.float64)),
-        "reference_wav",
-    ),
-}
-
-
 @pytest.mark.parametrize("case", BAD_REQUESTS)
 def test_bad_request_names_the_field_and_the_server_keeps_serving(server, reference, case):
-    make, field = BAD_REQUESTS[case]
     good = request(reference[:16000])
-    with pytest.raises(InferenceServerException, match=field):
-        offline(server, make(good), 10)
-    assert offline(server, good, 10).size == 10 * SAMPLES_PER_TOKEN
+    check_refused_then_served(lambda values, count: offline(server, values, count), good, BAD_REQUESTS[case])
 
 
 def test_streaming_bad_request_gets_an_error_response(server, reference):

@@ -188,7 +188,10 @@ def short_row(tmp_path_factory) -> Path:
     """One row with a 2 s reference (the bench rows' is 10 s), which keeps the DiT prompt short."""
     from tritontts.synthetic.cosyvoice2 import voiced_signal
 
-    row = Utterance("short", "参考文本。", voiced_signal(seconds=2.0, seed=3), 16000, "你好。")
+    # a transcript about as long as the clip: the synthetic LLM speaks the text's share of the context
+    row = Utterance(
+        "short", "这是一段两秒钟的参考文本。", voiced_signal(seconds=2.0, seed=3), 16000, "你好。"
+    )
     return write_manifest([row], tmp_path_factory.mktemp("short_row"))
 
 

@@ -12,6 +12,7 @@ import pytest
 import soundfile
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from conftest import PROMPT_ZH_TEXT
 from spark_models import MAX_NEW_TOKENS, build_spark_models
 from triton_stream import Stream, make_inputs
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -165,7 +166,7 @@ def test_upstream_client_call_forms(server, prompt_zh, tmp_path):
         "--reference-audio",
         str(prompt_zh),
         "--reference-text",
-        "吃燕窝就选燕之屋。",
+        PROMPT_ZH_TEXT,  # the whole clip's transcript: the synthetic LLM's length follows text vs speech
         "--target-text",
         TARGET,
     ]

@@ -156,6 +156,19 @@ class CFMConfig:
     inference_cfg_rate: float = 0.7
     n_timesteps: int = 10  # fixed by upstream CausalMaskedDiffWithXvec.inference
 
+    @classmethod
+    def from_decoder(cls, decoder: dict[str, Any]) -> CFMConfig:
+        """From the resolved `flow.decoder` section: its `cfm_params` (an omegaconf DictConfig's `content`)
+        plus the decoder's own `in_channels` and `spk_emb_dim`."""
+        params = decoder.get("cfm_params") or {}
+        params = params.get("content", params)
+        values = {k: v for k, v in decoder.items() if k in ("in_channels", "spk_emb_dim")}
+        return _build(cls, {**values, **params}, "flow.decoder.cfm_params", lenient=True)
+
+    def validate(self) -> None:
+        if self.solver != "euler":
+            raise ConfigError(f"flow.decoder.cfm_params.solver {self.solver!r} is not supported (euler only)")
+
 
 @dataclass(frozen=True)
 class FlowConfig:
@@ -185,10 +198,7 @@ class FlowConfig:
         if "channels" in estimator_raw:
             estimator_raw["channels"] = tuple(estimator_raw["channels"])
         estimator = _build(EstimatorConfig, estimator_raw, "flow.decoder.estimator", lenient=True)
-        cfm_params = decoder.get("cfm_params") or {}
-        cfm_params = cfm_params.get("content", cfm_params)
-        cfm_values = {k: v for k, v in decoder.items() if k in ("in_channels", "spk_emb_dim")}
-        cfm = _build(CFMConfig, {**cfm_values, **cfm_params}, "flow.decoder.cfm_params", lenient=True)
+        cfm = CFMConfig.from_decoder(decoder)
         encoder = _build(EncoderConfig, flow["encoder"], "flow.encoder", lenient=True)
         values = {k: v for k, v in flow.items() if k not in ("encoder", "decoder")}
         config = _build(
@@ -216,8 +226,7 @@ class FlowConfig:
             raise ConfigError(
                 f"token_mel_ratio {self.token_mel_ratio} != encoder upsample stride {enc.upsample_stride}"
             )
-        if cfm.solver != "euler":
-            raise ConfigError(f"flow.decoder.cfm_params.solver {cfm.solver!r} is not supported (euler only)")
+        cfm.validate()
 
 
 _ENCODER_SUPPORTED: dict[str, Any] = {
@@ -268,9 +277,15 @@ def cosyvoice2_config_from_text(text: str, source: str = "cosyvoice2.yaml") -> C
 
 def load_cosyvoice2_config(path: str | Path) -> CosyVoice2Config:
     """Read `cosyvoice2.yaml` (give the file or the model directory that holds it)."""
+    path = config_file(path, "cosyvoice2.yaml")
+    return cosyvoice2_config_from_text(path.read_text(), str(path))
+
+
+def config_file(path: str | Path, name: str) -> Path:
+    """`path`, or the file `name` in it when it is a directory; ConfigError when that does not exist."""
     path = Path(path)
     if path.is_dir():
-        path = path / "cosyvoice2.yaml"
+        path = path / name
     if not path.exists():
         raise ConfigError(f"config not found: {path}")
-    return cosyvoice2_config_from_text(path.read_text(), str(path))
+    return path

@@ -15,6 +15,7 @@ HiFi-GAN training checkpoint) as upstream does.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -124,18 +125,25 @@ class Snake(nn.Module):
         return x + (1.0 / (alpha + 1e-9)) * torch.sin(x * alpha).pow(2)
 
 
+ConvMaker = Callable[[int, int, int], nn.Module]
+"""(channels, kernel_size, dilation) → a channels-to-channels convolution keeping the length."""
+
+
+def same_padded_conv(channels: int, kernel_size: int, dilation: int) -> nn.Module:
+    padding = (kernel_size * dilation - dilation) // 2
+    return nn.Conv1d(channels, channels, kernel_size, dilation=dilation, padding=padding)
+
+
 class ResBlock(nn.Module):
-    """Three (Snake, dilated conv, Snake, conv) residual units, 'same' padding."""
+    """Three (Snake, dilated conv, Snake, conv) residual units; 'same' padding unless `conv` says otherwise
+    (CosyVoice3's causal HiFT gives left-padded convolutions)."""
 
-    def __init__(self, channels: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
+    def __init__(
+        self, channels: int, kernel_size: int, dilations: tuple[int, ...], conv: ConvMaker = same_padded_conv
+    ) -> None:
         super().__init__()
-
-        def conv(dilation: int) -> nn.Module:
-            padding = (kernel_size * dilation - dilation) // 2
-            return weight_norm(nn.Conv1d(channels, channels, kernel_size, dilation=dilation, padding=padding))
-
-        self.convs1 = nn.ModuleList(conv(d) for d in dilations)
-        self.convs2 = nn.ModuleList(conv(1) for _ in dilations)
+        self.convs1 = nn.ModuleList(weight_norm(conv(channels, kernel_size, d)) for d in dilations)
+        self.convs2 = nn.ModuleList(weight_norm(conv(channels, kernel_size, 1)) for _ in dilations)
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 
@@ -231,28 +239,8 @@ class HiFT(nn.Module):
     def decode(self, mel: Tensor, source: Tensor) -> Tensor:
         """mel `[B, 80, T]` and source `[B, 1, 480 T]` → audio `[B, 480 T]` in [-audio_limit, audio_limit]."""
         cfg = self.config
-        bins = cfg.n_fft // 2 + 1
-        window = self.stft_window.float()
-        spec = torch.stft(
-            source.squeeze(1).float(), cfg.n_fft, cfg.hop_len, cfg.n_fft, window, return_complex=True
-        )
-        source_spec = torch.cat([spec.real, spec.imag], dim=1).to(mel.dtype)
-
-        x = self.conv_pre(mel)
-        kernels = len(cfg.resblock_kernel_sizes)
-        last = len(self.ups) - 1
-        for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, cfg.lrelu_slope))
-            if i == last:
-                x = F.pad(x, (1, 0), mode="reflect")
-            x = x + self.source_resblocks[i](self.source_downs[i](source_spec))
-            x = sum(self.resblocks[i * kernels + j](x) for j in range(kernels)) / kernels
-        x = self.conv_post(F.leaky_relu(x)).float()
-
-        magnitude = torch.exp(x[:, :bins]).clip(max=MAGNITUDE_LIMIT)
-        phase = torch.sin(x[:, bins:])
-        spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        audio = torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window)
+        source_spec = source_spectrum(source, cfg, self.stft_window).to(mel.dtype)
+        audio = upsample_to_audio(self, self.conv_pre(mel), source_spec)
         return audio.clamp(-cfg.audio_limit, cfg.audio_limit)
 
     @torch.inference_mode()
@@ -278,6 +266,41 @@ class HiFT(nn.Module):
                 )
             source[:, :, :cached] = cache_source.to(source)
         return self.decode(speech_feat, source), source
+
+
+def source_spectrum(source: Tensor, config: HiFTConfig, window: Tensor) -> Tensor:
+    """The source `[B, 1, S]`'s STFT as real and imaginary channels `[B, n_fft + 2, frames]`, float32."""
+    spec = torch.stft(
+        source.squeeze(1).float(),
+        config.n_fft,
+        config.hop_len,
+        config.n_fft,
+        window.float(),
+        return_complex=True,
+    )
+    return torch.cat([spec.real, spec.imag], dim=1)
+
+
+def upsample_to_audio(model: nn.Module, x: Tensor, source_spec: Tensor) -> Tensor:
+    """A HiFT's body after conv_pre (`x`), CosyVoice2's and CosyVoice3's alike: each upsampling stage plus its
+    downsampled source, the averaged resblocks, conv_post → magnitude and phase → iSTFT audio (not clamped).
+
+    `model` has `config` (a HiFTConfig, or one under `.hift`), `ups`, `source_downs`, `source_resblocks`,
+    `resblocks`, `conv_post` and `stft_window`."""
+    cfg: HiFTConfig = getattr(model.config, "hift", model.config)
+    bins, window = cfg.n_fft // 2 + 1, model.stft_window.float()
+    kernels, last = len(cfg.resblock_kernel_sizes), len(model.ups) - 1
+    for i, up in enumerate(model.ups):
+        x = up(F.leaky_relu(x, cfg.lrelu_slope))
+        if i == last:
+            x = F.pad(x, (1, 0), mode="reflect")
+        x = x + model.source_resblocks[i](model.source_downs[i](source_spec))
+        x = sum(model.resblocks[i * kernels + j](x) for j in range(kernels)) / kernels
+    x = model.conv_post(F.leaky_relu(x)).float()
+    magnitude = torch.exp(x[:, :bins]).clip(max=MAGNITUDE_LIMIT)
+    phase = torch.sin(x[:, bins:])
+    spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+    return torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window)
 
 
 def fuse_weight_norm(module: nn.Module) -> None:

@@ -16,23 +16,32 @@ HF_REPOS = {MODEL_DIR: "FunAudioLLM/CosyVoice2-0.5B", LLM_DIR: "yuekai/cosyvoice
 MODELSCOPE_REPOS = {MODEL_DIR: "iic/CosyVoice2-0.5B", LLM_DIR: "yuekai/cosyvoice2_llm"}
 SPK2INFO_URL = "https://raw.githubusercontent.com/qi-hua/async_cosyvoice/main/CosyVoice2-0.5B/spk2info.pt"
 
-REQUIRED_FILES = (
-    f"{MODEL_DIR}/cosyvoice2.yaml",
-    f"{MODEL_DIR}/flow.pt",
-    f"{MODEL_DIR}/hift.pt",
-    f"{MODEL_DIR}/campplus.onnx",
-    f"{MODEL_DIR}/speech_tokenizer_v2.onnx",
-    f"{LLM_DIR}/config.json",
-    f"{LLM_DIR}/tokenizer.json",
-    f"{LLM_DIR}/tokenizer_config.json",
-)
 LLM_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
-def missing_files(root: str | Path) -> list[str]:
+def required_files(model_dir: str, llm_dir: str, config_file: str, speech_tokenizer: str) -> tuple[str, ...]:
+    """The files a CosyVoice deployment serves from (CosyVoice2's and CosyVoice3's differ by these names)."""
+    return (
+        f"{model_dir}/{config_file}",
+        f"{model_dir}/flow.pt",
+        f"{model_dir}/hift.pt",
+        f"{model_dir}/campplus.onnx",
+        f"{model_dir}/{speech_tokenizer}",
+        f"{llm_dir}/config.json",
+        f"{llm_dir}/tokenizer.json",
+        f"{llm_dir}/tokenizer_config.json",
+    )
+
+
+REQUIRED_FILES = required_files(MODEL_DIR, LLM_DIR, "cosyvoice2.yaml", "speech_tokenizer_v2.onnx")
+
+
+def missing_files(
+    root: str | Path, required: tuple[str, ...] = REQUIRED_FILES, llm_dir: str = LLM_DIR
+) -> list[str]:
     """What `root` (holding both directories) lacks for serving; empty when complete."""
     root = Path(root)
-    missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
-    if not any((root / LLM_DIR / w).is_file() for w in LLM_WEIGHTS):
-        missing.append(f"{LLM_DIR}/{{" + ",".join(LLM_WEIGHTS) + "}")
+    missing = [name for name in required if not (root / name).is_file()]
+    if not any((root / llm_dir / w).is_file() for w in LLM_WEIGHTS):
+        missing.append(f"{llm_dir}/{{" + ",".join(LLM_WEIGHTS) + "}")
     return missing

@@ -10,6 +10,11 @@ The callables it is given reach the other models (through BLS calls under Triton
 - `token2wav(tokens, voice, token_offset, finalize, stream_id) -> float32 audio`: tokens 0..6560 so far; with
   `token_offset None` one offline call, else one call of a stream (upstream's `token2wav` inputs).
 
+Modes (upstream's front ends): `zero_shot` (the transcript and the reference's speech tokens prompt the LLM),
+`cross_lingual` (neither) and `instruct2` (an instruction instead of both); the flow takes the voice in all three.
+A voice comes from the reference audio (the front-end models, through the voice cache), from a saved profile
+(`profile`: no front-end call) or is the deployment's cached speaker.
+
 A voice without features (`speech_feat None`) is the deployment's cached speaker: token2wav uses its own copy.
 `prompt_mel` is the flow's prompt mel (CosyVoice3's differs). With `flow_prompt=False` (the DiT token2wav,
 which makes its prompt from the reference audio itself) a voice holds the reference's speech tokens, uncut, and
@@ -18,8 +23,9 @@ the audio instead of the mel and embedding, and `embed` is not called.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -31,60 +37,18 @@ from tritontts.cosyvoice2.frontend import (
     prompt_speech_feat,
 )
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt
-from tritontts.cosyvoice2.spk2info import CachedSpeaker
+from tritontts.cosyvoice2.request import CosyVoice2Request, Voice
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
 from tritontts.dsp.matcha_mel import MatchaMelConfig
 from tritontts.llm.sequence import SamplingParams
-from tritontts.spark.service import RequestLimits, TokenBudget, check_reference_wav, check_text
+from tritontts.spark.service import RequestLimits
 from tritontts.stage_timer import StageTimer
 from tritontts.triton.params import RequestError
 from tritontts.voice_cache import VoiceCache, audio_key
 
 SAMPLE_RATE = 24000
 TOKEN_RATE = 25
-
-
-@dataclass(frozen=True)
-class Voice:
-    text: str
-    speech_tokens: np.ndarray
-    """int32 `[n]`, 0..6560"""
-    speech_feat: np.ndarray | None = None
-    """fp32 `[2 n, 80]`; None for the deployment's cached speaker"""
-    embedding: np.ndarray | None = None
-    """fp32 `[192]`; None for the deployment's cached speaker"""
-    reference_wav: np.ndarray | None = None
-    """the 16 kHz reference itself, kept for a token2wav that makes its own prompt (the DiT's)"""
-
-    @classmethod
-    def cached(cls, speaker: CachedSpeaker) -> Voice:
-        return cls(speaker.prompt_text, speaker.speech_token[0].numpy().astype(np.int32))
-
-
-@dataclass(frozen=True)
-class CosyVoice2Request:
-    reference_wav: np.ndarray | None
-    reference_text: str
-    target_text: str
-    tokens: TokenBudget | None = None
-
-
-def check_request(
-    reference_wav: np.ndarray | None,
-    reference_text: str | None,
-    target_text: str,
-    limits: RequestLimits,
-    tokens: TokenBudget | None = None,
-) -> CosyVoice2Request:
-    """Both reference inputs or neither (then the cached speaker speaks); target_text is required."""
-    if reference_wav is None and reference_text is not None:
-        raise RequestError("reference_wav", "is required when reference_text is given")
-    if reference_wav is not None and reference_text is None:
-        raise RequestError("reference_text", "is required when reference_wav is given")
-    wav = None if reference_wav is None else check_reference_wav(reference_wav, limits)
-    text = "" if reference_text is None else check_text(reference_text, "reference_text", limits)
-    return CosyVoice2Request(wav, text, check_text(target_text, "target_text", limits), tokens)
 
 
 def prompt_features(
@@ -139,6 +103,8 @@ class CosyVoice2Service:
         self.prompt_mel = prompt_mel
 
     def voice(self, request: CosyVoice2Request) -> Voice:
+        if request.profile is not None:
+            return replace(request.profile, text=request.reference_text, reference_wav=request.reference_wav)
         if request.reference_wav is None:
             if self.default_voice is None:
                 raise RequestError("reference_wav", "is required: this deployment has no cached speaker")
@@ -150,6 +116,10 @@ class CosyVoice2Service:
             voice = self._new_voice(wav)
             self.voices.put(key, voice)
         return replace(voice, text=request.reference_text)
+
+    def profile(self, wav: np.ndarray) -> Voice:
+        """A checked reference's prompt features for a saved voice's profile: from the models, not the cache."""
+        return self._new_voice(wav)
 
     def _new_voice(self, wav: np.ndarray) -> Voice:
         if not self.flow_prompt:
@@ -169,14 +139,21 @@ class CosyVoice2Service:
             sampling = replace(
                 sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
             )
-        if self.generate_chat is not None:
-            return self.generate_chat(
-                voice.text, request.target_text, voice.speech_tokens, sampling, streaming
-            )
-        prompt = np.asarray(
-            self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens), dtype=np.int32
-        )
-        return self.generate(prompt, sampling, streaming)
+        no_speech = np.zeros(0, dtype=np.int32)
+        prefix, speech = {
+            "zero_shot": (voice.text, voice.speech_tokens),
+            "cross_lingual": ("", no_speech),
+            "instruct2": (request.instruct_text, no_speech),
+        }[request.mode]
+        if self.generate_chat is not None:  # the chat server tokenizes prefix and target together
+            return self.generate_chat(prefix, request.target_text, speech, sampling, streaming)
+        if request.mode == "instruct2":
+            ids = self.prompter.instruct2_ids(request.instruct_text, request.target_text)
+        elif request.mode == "cross_lingual":
+            ids = self.prompter.cross_lingual_ids(request.target_text)
+        else:
+            ids = self.prompter.input_ids(voice.text, request.target_text, voice.speech_tokens)
+        return self.generate(np.asarray(ids, dtype=np.int32), sampling, streaming)
 
     def synthesize(self, request: CosyVoice2Request, request_id: str) -> np.ndarray:
         voice, pieces = self._speech(request, streaming=False)
@@ -197,16 +174,17 @@ class CosyVoice2Service:
         timer = StageTimer()
         voice = self.voice(request)
         timer.mark("frontend")
+        started = time.monotonic()
         pieces = self._generate_for(voice, request, streaming=True)
         tokens: list[int] = []
-        offset, index = 0, 0
+        offset, index, hop = 0, 0, self.schedule.token_hop_len
         try:
             for ids in pieces:
                 if index == 0 and "llm_first_token" not in timer.stages:
                     timer.mark("llm_first_token")
                 tokens += self.prompter.speech_tokens(ids.tolist())
-                while len(tokens) >= self.schedule.next_boundary(offset, index):
-                    end = self.schedule.next_boundary(offset, index)
+                while len(tokens) >= offset + hop + self.schedule.pre_lookahead_len:
+                    end = offset + hop + self.schedule.pre_lookahead_len
                     chunk = np.asarray(tokens[:end], dtype=np.int32)
                     if index == 0:
                         timer.mark("llm_chunk_tokens")
@@ -215,7 +193,8 @@ class CosyVoice2Service:
                         timer.mark("token2wav")
                         on_first_chunk(timer.stages)
                     yield audio
-                    offset += self.schedule.hop_len(index)
+                    offset += hop
+                    hop = self.schedule.next_hop(index, offset, len(tokens), time.monotonic() - started)
                     index += 1
         finally:
             close = getattr(pieces, "close", None)

@@ -49,6 +49,34 @@ def align_prompt(prompt_tokens: Tensor, prompt_feat: Tensor) -> tuple[Tensor, Te
     return prompt_tokens[:, :count], prompt_feat[:, : TOKEN_MEL_RATIO * count]
 
 
+def flow_request(
+    target: Tensor,
+    prompt_tokens: Tensor,
+    prompt_feat: Tensor,
+    embedding: Tensor,
+    streaming: bool,
+    finalize: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """The keyword arguments of `FlowModel.inference` for one call (tokens `[1, n]`, mel `[1, T, 80]`)."""
+
+    def length(t: Tensor) -> Tensor:
+        return torch.tensor([t.shape[1]], dtype=torch.int32, device=device)
+
+    return {
+        "token": target.to(device, torch.int32),
+        "token_len": length(target),
+        "prompt_token": prompt_tokens.to(device, torch.int32),
+        "prompt_token_len": length(prompt_tokens),
+        "prompt_feat": prompt_feat.to(device, dtype),
+        "prompt_feat_len": length(prompt_feat),
+        "embedding": embedding.to(device, dtype),
+        "streaming": streaming,
+        "finalize": finalize,
+    }
+
+
 def fade_in_out(fade_in: Tensor, fade_out: Tensor, window: Tensor) -> Tensor:
     """Blend the first half-window of `fade_in` with the last half-window of `fade_out` (float64, as upstream)."""
     overlap = window.shape[0] // 2
@@ -69,23 +97,65 @@ class StreamChunk:
     finalize: bool
 
 
+STRATEGIES = ("exponential", "fixed", "time_based")
+"""Upstream BLS's `dynamic_chunk_strategy` values (CosyVoice2's and CosyVoice3's), and ours: `fixed`."""
+
+
 @dataclass(frozen=True)
 class StreamSchedule:
     """When a BLS calls token2wav: once `token_offset + hop + pre_lookahead_len` target tokens exist.
 
-    The hop is `token_hop_len` for every chunk, or with `exponential` (upstream's BLS default strategy)
-    `token_hop_len` for the first chunk and `token_frame_rate * 2 ** (k - 1)` for chunk k >= 1: 15, 25, 50, 100...
+    The first hop is `token_hop_len`. After chunk k (0-based) the next hop is, by strategy:
+    - `fixed`: `token_hop_len` again;
+    - `exponential` (upstream's default): `token_frame_rate * 2 ** k`: 15, 25, 50, 100...;
+    - `time_based` (upstream's other strategy): from chunk 1 on, how far the audio sent is ahead of the time
+      spent, in average chunk times: more than 4 → every pending token rounded up to a multiple of
+      `token_hop_len`, more than 2 → rounded down, else `token_hop_len`; never less than `token_hop_len`.
     """
 
     token_hop_len: int = 15
     pre_lookahead_len: int = 3
     exponential: bool = False
     token_frame_rate: int = 25
+    time_based: bool = False
+
+    @classmethod
+    def from_strategy(
+        cls, strategy: str, token_hop_len: int = 15, pre_lookahead_len: int = 3
+    ) -> StreamSchedule:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"dynamic_chunk_strategy must be one of {STRATEGIES}, got {strategy!r}")
+        return cls(
+            token_hop_len,
+            pre_lookahead_len,
+            exponential=strategy == "exponential",
+            time_based=strategy == "time_based",
+        )
 
     def hop_len(self, chunk_index: int) -> int:
+        """The hop of chunk `chunk_index` where it depends on nothing else (every strategy but time_based)."""
+        if self.time_based:
+            raise ValueError("time_based hops depend on the stream's timing: use next_hop")
         if not self.exponential or chunk_index == 0:
             return self.token_hop_len
         return self.token_frame_rate * 2 ** (chunk_index - 1)
+
+    def next_hop(self, chunk_index: int, token_offset: int, tokens_so_far: int, elapsed_s: float) -> int:
+        """The hop of chunk `chunk_index + 1`, decided once chunk `chunk_index` was sent: `token_offset` tokens
+        are behind it, `tokens_so_far` have arrived, `elapsed_s` seconds passed since the stream's LLM started."""
+        if not self.time_based:
+            return self.hop_len(chunk_index + 1)
+        hop = self.token_hop_len
+        if chunk_index == 0 or elapsed_s <= 0:
+            return hop
+        average = elapsed_s / (chunk_index + 1)
+        ahead = (token_offset / self.token_frame_rate - elapsed_s) / average
+        pending = tokens_so_far - token_offset
+        if ahead > 4:
+            hop = (pending // self.token_hop_len + 1) * self.token_hop_len
+        elif ahead > 2:
+            hop = (pending // self.token_hop_len) * self.token_hop_len
+        return max(self.token_hop_len, hop)
 
     def next_boundary(self, token_offset: int, chunk_index: int) -> int:
         """Target tokens needed before chunk `chunk_index` (starting at `token_offset`) can be vocoded."""
@@ -191,22 +261,17 @@ class Token2Wav:
         target = call.target_tokens
         if target.dim() != 2 or target.shape[0] != 1:
             raise ValueError(f"target_tokens must be [1, n], got {tuple(target.shape)}")
-
-        def length(t: Tensor) -> Tensor:
-            return torch.tensor([t.shape[1]], dtype=torch.int32, device=self.device)
-
         streaming = call.stream_id is not None and not call.finalize
-        return {
-            "token": target.to(self.device, torch.int32),
-            "token_len": length(target),
-            "prompt_token": call.prompt_tokens.to(self.device, torch.int32),
-            "prompt_token_len": length(call.prompt_tokens),
-            "prompt_feat": call.prompt_feat.to(self.device, self.flow_dtype),
-            "prompt_feat_len": length(call.prompt_feat),
-            "embedding": call.embedding.to(self.device, self.flow_dtype),
-            "streaming": streaming,
-            "finalize": call.finalize,
-        }
+        return flow_request(
+            target,
+            call.prompt_tokens,
+            call.prompt_feat,
+            call.embedding,
+            streaming,
+            call.finalize,
+            self.device,
+            self.flow_dtype,
+        )
 
     def run_many(
         self, calls: Sequence[Token2WavCall], timer: StageTimer | None = None

@@ -14,6 +14,8 @@ from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
 from tritontts.triton.params import RequestError
 
 PROMPT_INPUTS = ("prompt_speech_tokens", "prompt_speech_feat", "prompt_spk_embedding")
+TOKEN2WAV_INPUTS = ("target_speech_tokens", *PROMPT_INPUTS, "token_offset", "finalize")
+"""Every input of upstream's token2wav call (CosyVoice2's and CosyVoice3's alike)."""
 EMBEDDING_DIM = 192
 MEL_BINS = 80
 
@@ -43,32 +45,62 @@ def token2wav_arrays(
     """The request tensors for tokens 0..6560; prompt inputs all or none (none: the model's cached speaker)."""
     arrays = {"target_speech_tokens": wire_ids(target_tokens)}
     if prompt_feat is not None:
-        arrays["prompt_speech_tokens"] = wire_ids(prompt_tokens)
-        arrays["prompt_speech_feat"] = np.asarray(prompt_feat, dtype=np.float16).reshape(1, -1, MEL_BINS)
-        arrays["prompt_spk_embedding"] = np.asarray(embedding, dtype=np.float16).reshape(1, -1)
+        arrays |= prompt_arrays(wire_ids(prompt_tokens), prompt_feat, embedding)
     if token_offset is not None:
         arrays["token_offset"] = np.array([[token_offset]], dtype=np.int32)
         arrays["finalize"] = np.array([[bool(finalize)]], dtype=np.bool_)
     return arrays
 
 
+def prompt_arrays(
+    prompt_ids: np.ndarray, prompt_feat: np.ndarray, embedding: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The three prompt inputs, the speech ids already in their wire form."""
+    return {
+        "prompt_speech_tokens": np.asarray(prompt_ids, dtype=np.int32).reshape(1, -1),
+        "prompt_speech_feat": np.asarray(prompt_feat, dtype=np.float16).reshape(1, -1, MEL_BINS),
+        "prompt_spk_embedding": np.asarray(embedding, dtype=np.float16).reshape(1, -1),
+    }
+
+
 def wire_ids(tokens: np.ndarray) -> np.ndarray:
     return (np.asarray(tokens, dtype=np.int32) + ORIGINAL_VOCAB_SIZE).reshape(1, -1)
 
 
-def speech_ids(array: np.ndarray, name: str) -> torch.Tensor:
+def speech_ids(array: np.ndarray, name: str, offset: int = ORIGINAL_VOCAB_SIZE) -> torch.Tensor:
+    """Wire ids (speech token + `offset`) → tokens int32 `[1, n]` 0..6560; RequestError naming `name`."""
     if array.dtype != np.int32:
         raise RequestError(name, f"must be int32, got {array.dtype}")
-    values = array.reshape(-1).astype(np.int64) - ORIGINAL_VOCAB_SIZE
+    values = array.reshape(-1).astype(np.int64) - offset
     if values.size == 0:
         raise RequestError(name, "is empty")
     try:
         check_speech_tokens(values.tolist(), name)
     except ValueError as err:
-        raise RequestError(
-            name, f"ids must be speech tokens (6561 ids from {ORIGINAL_VOCAB_SIZE}): {err}"
-        ) from err
+        ids = f"(6561 ids from {offset})" if offset else "0..6560 (raw, no offset)"
+        raise RequestError(name, f"ids must be speech tokens {ids}: {err}") from err
     return torch.from_numpy(values.astype(np.int32)).reshape(1, -1)
+
+
+def parse_prompt_inputs(
+    arrays: Mapping[str, np.ndarray | None], offset: int = ORIGINAL_VOCAB_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(prompt tokens `[1, m]`, mel `[1, T, 80]`, embedding `[1, 192]`), or None when none of the three inputs
+    is given; RequestError naming the field when only some are, or one is malformed."""
+    given = [name for name in PROMPT_INPUTS if arrays.get(name) is not None]
+    if not given:
+        return None
+    if len(given) != len(PROMPT_INPUTS):
+        missing = next(name for name in PROMPT_INPUTS if name not in given)
+        raise RequestError(missing, f"is required with {', '.join(given)}")
+    prompt_tokens = speech_ids(arrays["prompt_speech_tokens"], "prompt_speech_tokens", offset)
+    prompt_feat = _floats(arrays["prompt_speech_feat"], "prompt_speech_feat", (MEL_BINS,))
+    embedding = _floats(arrays["prompt_spk_embedding"], "prompt_spk_embedding", ()).reshape(1, -1)
+    if embedding.shape[1] != EMBEDDING_DIM:
+        raise RequestError(
+            "prompt_spk_embedding", f"must hold {EMBEDDING_DIM} values, got {embedding.shape[1]}"
+        )
+    return prompt_tokens, prompt_feat, embedding
 
 
 def _floats(array: np.ndarray, name: str, shape_tail: tuple[int, ...]) -> torch.Tensor:
@@ -87,18 +119,9 @@ def parse_token2wav_inputs(
     target = arrays.get("target_speech_tokens")
     if target is None:
         raise RequestError("target_speech_tokens", "is required")
-    given = [name for name in PROMPT_INPUTS if arrays.get(name) is not None]
-    if given and len(given) != len(PROMPT_INPUTS):
-        missing = next(name for name in PROMPT_INPUTS if name not in given)
-        raise RequestError(missing, f"is required with {', '.join(given)}")
-    if given:
-        prompt_tokens = speech_ids(arrays["prompt_speech_tokens"], "prompt_speech_tokens")
-        prompt_feat = _floats(arrays["prompt_speech_feat"], "prompt_speech_feat", (MEL_BINS,))
-        embedding = _floats(arrays["prompt_spk_embedding"], "prompt_spk_embedding", ()).reshape(1, -1)
-        if embedding.shape[1] != EMBEDDING_DIM:
-            raise RequestError(
-                "prompt_spk_embedding", f"must hold {EMBEDDING_DIM} values, got {embedding.shape[1]}"
-            )
+    prompt = parse_prompt_inputs(arrays)
+    if prompt is not None:
+        prompt_tokens, prompt_feat, embedding = prompt
         if prompt_feat.shape[1] < 2 * prompt_tokens.shape[1]:
             raise RequestError(
                 "prompt_speech_feat",

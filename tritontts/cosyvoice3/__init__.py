@@ -66,6 +66,5 @@ the prompt mel (CosyVoice2's service; upstream's BLS gives the LLM the uncut tok
 are cached by audio content (upstream's BLS caches by reference text); generated reserved speech ids are dropped
 (upstream's BLS would pass `<|s_6565|>`.. to the flow, whose embedding has 6561 rows); the converter zeroes the
 padding rows (upstream leaves resize_token_embeddings' random ones; nothing reads them) and, like upstream, copies
-Qwen's text rows into lm_head, so text tokens keep logits in the HF layout; upstream's `time_based` chunk strategy
-is not implemented.
+Qwen's text rows into lm_head, so text tokens keep logits in the HF layout.
 """

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tritontts.cosyvoice2.config import CFMConfig, _HyperLoader, read_hyperpyyaml
+from tritontts.cosyvoice2.config import CFMConfig, _HyperLoader, config_file, read_hyperpyyaml
 from tritontts.cosyvoice2.hift import HiFTConfig
 from tritontts.dsp.matcha_mel import MatchaMelConfig
 from tritontts.spark.config import ConfigError, _build
@@ -80,10 +80,7 @@ class Flow3Config:
             )
         if est.long_skip_connection:
             raise ConfigError("flow.decoder.estimator.long_skip_connection is not supported")
-        if self.cfm.solver != "euler":
-            raise ConfigError(
-                f"flow.decoder.cfm_params.solver {self.cfm.solver!r} is not supported (euler only)"
-            )
+        self.cfm.validate()
 
 
 @dataclass(frozen=True)
@@ -144,10 +141,7 @@ def _flow(flow: dict[str, Any]) -> Flow3Config:
     if not isinstance(lookahead, dict):
         raise ConfigError("flow.pre_lookahead_layer: missing")
     estimator = _build(DiTConfig, decoder["estimator"], "flow.decoder.estimator")
-    cfm_params = decoder.get("cfm_params") or {}
-    cfm_params = cfm_params.get("content", cfm_params)
-    cfm_values = {k: v for k, v in decoder.items() if k in ("in_channels", "spk_emb_dim")}
-    cfm = _build(CFMConfig, {**cfm_values, **cfm_params}, "flow.decoder.cfm_params", lenient=True)
+    cfm = CFMConfig.from_decoder(decoder)
     values = {k: v for k, v in flow.items() if k not in ("decoder", "pre_lookahead_layer")}
     config = _build(
         Flow3Config,
@@ -203,9 +197,5 @@ def cosyvoice3_config_from_text(text: str, source: str = CONFIG_FILE) -> CosyVoi
 
 def load_cosyvoice3_config(path: str | Path) -> CosyVoice3Config:
     """`cosyvoice3.yaml`, or a model directory holding it."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / CONFIG_FILE
-    if not path.exists():
-        raise ConfigError(f"{path}: not found")
+    path = config_file(path, CONFIG_FILE)
     return cosyvoice3_config_from_text(path.read_text(), str(path))

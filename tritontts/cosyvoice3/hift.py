@@ -18,7 +18,14 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from tritontts.checkpoint import load_strict, read_state_dict
-from tritontts.cosyvoice2.hift import HIFT_FILE, MAGNITUDE_LIMIT, Snake, fuse_weight_norm, official_key
+from tritontts.cosyvoice2.hift import (
+    HIFT_FILE,
+    ResBlock,
+    fuse_weight_norm,
+    official_key,
+    source_spectrum,
+    upsample_to_audio,
+)
 from tritontts.cosyvoice3.config import (
     CausalHiFTConfig,
     CosyVoice3Config,
@@ -76,22 +83,9 @@ class CausalDownsample(nn.Conv1d):
         return super().forward(F.pad(x, (self.stride[0] - 1, 0)))
 
 
-class CausalResBlock(nn.Module):
-    def __init__(self, channels: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
-        super().__init__()
-        self.convs1 = nn.ModuleList(
-            weight_norm(CausalConv1d(channels, channels, kernel_size, d)) for d in dilations
-        )
-        self.convs2 = nn.ModuleList(
-            weight_norm(CausalConv1d(channels, channels, kernel_size)) for _ in dilations
-        )
-        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
-        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
-
-    def forward(self, x: Tensor) -> Tensor:
-        for conv1, conv2, act1, act2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
-            x = x + conv2(act2(conv1(act1(x))))
-        return x
+def causal_conv(channels: int, kernel_size: int, dilation: int) -> nn.Module:
+    """A left-padded convolution for CosyVoice2's ResBlock (upstream's CausalResBlock)."""
+    return CausalConv1d(channels, channels, kernel_size, dilation)
 
 
 class CausalF0Predictor(nn.Module):
@@ -185,12 +179,15 @@ class CausalHiFT(nn.Module):
             )
             self.source_downs.append(down)
             self.source_resblocks.append(
-                CausalResBlock(
-                    channels, cfg.source_resblock_kernel_sizes[i], cfg.source_resblock_dilation_sizes[i]
+                ResBlock(
+                    channels,
+                    cfg.source_resblock_kernel_sizes[i],
+                    cfg.source_resblock_dilation_sizes[i],
+                    causal_conv,
                 )
             )
         self.resblocks = nn.ModuleList(
-            CausalResBlock(base >> (i + 1), k, d)
+            ResBlock(base >> (i + 1), k, d, causal_conv)
             for i in range(stages)
             for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes)
         )
@@ -206,30 +203,14 @@ class CausalHiFT(nn.Module):
     def decode(self, mel: Tensor, source: Tensor, finalize: bool = True) -> Tensor:
         """mel [B, 80, T], source [B, 1, 480 T] → audio [B, 480 T] (finalize) or [B, 480 (T - 5)]."""
         cfg = self.config.hift
-        bins, window = cfg.n_fft // 2 + 1, self.stft_window.float()
-        spec = torch.stft(
-            source.squeeze(1).float(), cfg.n_fft, cfg.hop_len, cfg.n_fft, window, return_complex=True
-        )
-        source_spec = torch.cat([spec.real, spec.imag], dim=1)
+        source_spec = source_spectrum(source, cfg, self.stft_window)
         look = self.config.conv_pre_look_right
         if finalize:
             x = self.conv_pre(mel)
         else:
             x = self.conv_pre(mel[:, :, :-look], context=mel[:, :, -look:])
             source_spec = source_spec[:, :, : -math.prod(cfg.upsample_rates) * look]
-        source_spec = source_spec.to(mel.dtype)
-        kernels, last = len(cfg.resblock_kernel_sizes), len(self.ups) - 1
-        for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, cfg.lrelu_slope))
-            if i == last:
-                x = F.pad(x, (1, 0), mode="reflect")
-            x = x + self.source_resblocks[i](self.source_downs[i](source_spec))
-            x = sum(self.resblocks[i * kernels + j](x) for j in range(kernels)) / kernels
-        x = self.conv_post(F.leaky_relu(x)).float()
-        magnitude = torch.exp(x[:, :bins]).clip(max=MAGNITUDE_LIMIT)
-        phase = torch.sin(x[:, bins:])
-        spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        audio = torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window)
+        audio = upsample_to_audio(self, x, source_spec.to(mel.dtype))
         if not finalize:
             audio = audio[:, : -cfg.samples_per_frame]
         return audio.clamp(-cfg.audio_limit, cfg.audio_limit)

@@ -10,30 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tritontts.cosyvoice2 import layout as cv2_layout
+from tritontts.cosyvoice2.layout import required_files
+
 MODEL_DIR = "Fun-CosyVoice3-0.5B-2512"
 LLM_DIR = "hf_cosyvoice3_llm"
 HF_REPOS = {
     MODEL_DIR: "FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
     LLM_DIR: "yuekai/Fun-CosyVoice3-0.5B-2512-LLM-HF",
 }
-
-REQUIRED_FILES = (
-    f"{MODEL_DIR}/cosyvoice3.yaml",
-    f"{MODEL_DIR}/flow.pt",
-    f"{MODEL_DIR}/hift.pt",
-    f"{MODEL_DIR}/campplus.onnx",
-    f"{MODEL_DIR}/speech_tokenizer_v3.onnx",
-    f"{LLM_DIR}/config.json",
-    f"{LLM_DIR}/tokenizer.json",
-    f"{LLM_DIR}/tokenizer_config.json",
-)
-LLM_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+REQUIRED_FILES = required_files(MODEL_DIR, LLM_DIR, "cosyvoice3.yaml", "speech_tokenizer_v3.onnx")
 
 
 def missing_files(root: str | Path) -> list[str]:
     """What `root` (holding both directories) lacks for serving; empty when complete."""
-    root = Path(root)
-    missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
-    if not any((root / LLM_DIR / w).is_file() for w in LLM_WEIGHTS):
-        missing.append(f"{LLM_DIR}/{{" + ",".join(LLM_WEIGHTS) + "}")
-    return missing
+    return cv2_layout.missing_files(root, REQUIRED_FILES, LLM_DIR)

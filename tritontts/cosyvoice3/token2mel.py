@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, SPK2INFO_FILE, CachedSpeaker, load_spk2info
+from tritontts.cosyvoice2.token2wav import flow_request
 from tritontts.cosyvoice3.flow import Flow3, load_flow3
 from tritontts.cosyvoice3.wire import Token2MelCall
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
@@ -49,17 +50,18 @@ class Token2Mel:
         self, calls: Sequence[Token2MelCall], timer: StageTimer | None = None
     ) -> list[Tensor | ValueError]:
         """Each call's mel `[80, T]` fp32 (or its ValueError), the flows decoded together."""
+        dtype = self.flow.spk_embed_affine_layer.weight.dtype
         requests = [
-            {
-                "token": c.target.to(self.device),
-                "token_len": torch.tensor([c.target.shape[1]], dtype=torch.int32),
-                "prompt_token": c.prompt_tokens.to(self.device),
-                "prompt_token_len": torch.tensor([c.prompt_tokens.shape[1]], dtype=torch.int32),
-                "prompt_feat": c.prompt_feat,
-                "embedding": c.embedding,
-                "streaming": not c.finalize,
-                "finalize": c.finalize,
-            }
+            flow_request(
+                c.target,
+                c.prompt_tokens,
+                c.prompt_feat,
+                c.embedding,
+                not c.finalize,
+                c.finalize,
+                self.device,
+                dtype,
+            )
             for c in calls
         ]
         with torch.inference_mode():

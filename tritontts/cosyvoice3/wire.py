@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tritontts.cosyvoice2.prompt import check_speech_tokens
 from tritontts.cosyvoice2.spk2info import CachedSpeaker
-from tritontts.cosyvoice2.wire import EMBEDDING_DIM, MEL_BINS, PROMPT_INPUTS, _floats
+from tritontts.cosyvoice2.wire import MEL_BINS, _floats, parse_prompt_inputs, prompt_arrays, speech_ids
 from tritontts.triton.params import RequestError
 
 TOKEN_MEL_RATIO = 2
@@ -49,27 +48,12 @@ def token2wav_arrays(
     """The request tensors (batch dim 1); prompt inputs all or none; `token_offset`/`finalize` when given."""
     arrays = {"target_speech_tokens": np.asarray(target_tokens, dtype=np.int32).reshape(1, -1)}
     if prompt_feat is not None:
-        arrays["prompt_speech_tokens"] = np.asarray(prompt_tokens, dtype=np.int32).reshape(1, -1)
-        arrays["prompt_speech_feat"] = np.asarray(prompt_feat, dtype=np.float16).reshape(1, -1, MEL_BINS)
-        arrays["prompt_spk_embedding"] = np.asarray(embedding, dtype=np.float16).reshape(1, -1)
+        arrays |= prompt_arrays(np.asarray(prompt_tokens), prompt_feat, embedding)
     if token_offset is not None:
         arrays["token_offset"] = np.array([[token_offset]], dtype=np.int32)
     if finalize is not None:
         arrays["finalize"] = np.array([[bool(finalize)]], dtype=np.bool_)
     return arrays
-
-
-def _tokens(array: np.ndarray, name: str) -> torch.Tensor:
-    if array.dtype != np.int32:
-        raise RequestError(name, f"must be int32, got {array.dtype}")
-    values = array.reshape(-1)
-    if values.size == 0:
-        raise RequestError(name, "is empty")
-    try:
-        check_speech_tokens(values.tolist(), name)
-    except ValueError as err:
-        raise RequestError(name, f"ids must be speech tokens 0..6560 (raw, no offset): {err}") from err
-    return torch.from_numpy(values.astype(np.int32)).reshape(1, -1)
 
 
 def _scalar(array: np.ndarray | None, name: str, kind: type) -> int | bool | None:
@@ -88,19 +72,10 @@ def parse_token2mel_inputs(
     target = arrays.get("target_speech_tokens")
     if target is None:
         raise RequestError("target_speech_tokens", "is required")
-    target_tokens = _tokens(target, "target_speech_tokens")
-    given = [name for name in PROMPT_INPUTS if arrays.get(name) is not None]
-    if given and len(given) != len(PROMPT_INPUTS):
-        missing = next(name for name in PROMPT_INPUTS if name not in given)
-        raise RequestError(missing, f"is required with {', '.join(given)}")
-    if given:
-        prompt_tokens = _tokens(arrays["prompt_speech_tokens"], "prompt_speech_tokens")
-        prompt_feat = _floats(arrays["prompt_speech_feat"], "prompt_speech_feat", (MEL_BINS,))
-        embedding = _floats(arrays["prompt_spk_embedding"], "prompt_spk_embedding", ()).reshape(1, -1)
-        if embedding.shape[1] != EMBEDDING_DIM:
-            raise RequestError(
-                "prompt_spk_embedding", f"must hold {EMBEDDING_DIM} values, got {embedding.shape[1]}"
-            )
+    target_tokens = speech_ids(target, "target_speech_tokens", offset=0)
+    prompt = parse_prompt_inputs(arrays, offset=0)
+    if prompt is not None:
+        prompt_tokens, prompt_feat, embedding = prompt
         if prompt_feat.shape[1] != TOKEN_MEL_RATIO * prompt_tokens.shape[1]:
             raise RequestError(
                 "prompt_speech_feat",

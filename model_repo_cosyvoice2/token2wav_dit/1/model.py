@@ -9,11 +9,10 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
-from tritontts.cuda_graphs import flow_graph_config
-from tritontts.devices import resolve_device, resolve_flow_dtype
 from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
 from tritontts.stage_timer import StageTimer
+from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import token2wav_stage_seconds
 from tritontts.triton.params import (
@@ -32,9 +31,7 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        device = resolve_device(model_param(config, "device", default="auto"))
-        dtype = resolve_flow_dtype(model_param(config, "dtype", default="auto"), device)
-        graphs = flow_graph_config(model_param(config, "cuda_graphs", default="auto"), "1", device)
+        device, dtype, graphs = flow_placement(config, "1", batch_sizes_param=False)
         self.model = DiTToken2Wav.from_model_dir(
             model_param(config, "model_dir"), device=device, dtype=dtype, flow_graphs=graphs
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,17 @@ class Flow(nn.Module):
         self.pre_lookahead_len = config.pre_lookahead_len
         self.input_embedding = nn.Embedding(config.vocab_size, config.input_size)
         self.spk_embed_affine_layer = nn.Linear(config.spk_embed_dim, config.output_size)
+        self.build_encoder(config)
+        self.decoder = CausalCFM(config.cfm, self.build_estimator(config), config.output_size)
+        self.graphed_decoder: GraphedCFM | None = None
+
+    def build_encoder(self, config: FlowConfig) -> None:
+        """The modules `encode` uses, registered between the speaker layer and the decoder (state_dict order)."""
         self.encoder = UpsampleConformerEncoder(config.encoder, config.pre_lookahead_len)
         self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
-        self.decoder = CausalCFM(config.cfm, Estimator(config.estimator), config.output_size)
-        self.graphed_decoder: GraphedCFM | None = None
+
+    def build_estimator(self, config: FlowConfig) -> nn.Module:
+        return Estimator(config.estimator)
 
     def use_cuda_graphs(self, config: FlowGraphConfig | None = None) -> CaptureReport:
         """Run the decoder's Euler loop from CUDA graphs from now on (see `graphs.py`); capture them now."""
@@ -105,7 +112,8 @@ class Flow(nn.Module):
         streaming: bool = False,
         finalize: bool = True,
     ) -> FlowConditions:
-        """Everything before the decoder: speaker, encoder, the decoder's mu and prompt condition."""
+        """Everything before the decoder: speaker, `encode`, the decoder's mu and prompt condition. When not
+        `finalize`, the last `pre_lookahead_len` tokens are look-ahead only."""
         if token.size(0) != 1:
             raise ValueError(f"flow inference takes batch size 1, got {token.size(0)}")
         dtype = self.spk_embed_affine_layer.weight.dtype
@@ -118,22 +126,28 @@ class Flow(nn.Module):
         x = self.input_embedding(torch.clamp(tokens, min=0)) * pad
 
         if finalize:
-            h, _ = self.encoder(x, tokens_len, streaming=streaming)
+            h = self.encode(x, tokens_len, None, streaming)
         else:
             lookahead = self.pre_lookahead_len
             if x.size(1) <= lookahead:
                 raise ValueError(
                     f"without finalize, more than {lookahead} tokens are needed, got {x.size(1)}"
                 )
-            h, _ = self.encoder(x[:, :-lookahead], tokens_len, context=x[:, -lookahead:], streaming=streaming)
+            h = self.encode(x[:, :-lookahead], tokens_len, x[:, -lookahead:], streaming)
         prompt_frames = prompt_feat.size(1)
         total_frames = h.size(1)
         if total_frames <= prompt_frames:
             raise ValueError(f"prompt mel ({prompt_frames} frames) leaves no frame for the target")
-        mu = self.encoder_proj(h).transpose(1, 2).contiguous()
+        mu = h.transpose(1, 2).contiguous()
         cond = torch.zeros(1, self.config.output_size, total_frames, device=device, dtype=dtype)
         cond[:, :, :prompt_frames] = prompt_feat.to(device, dtype).transpose(1, 2)
         return FlowConditions(mu, spks, cond, prompt_frames, streaming)
+
+    def encode(self, x: Tensor, tokens_len: Tensor, context: Tensor | None, streaming: bool) -> Tensor:
+        """Token embeddings `[1, N, input_size]` (+ `context`, the look-ahead tokens after them) → the decoder's
+        mu, time first: `[1, token_mel_ratio * N, output_size]`."""
+        h, _ = self.encoder(x, tokens_len, context=context, streaming=streaming)
+        return self.encoder_proj(h)
 
     def decode(self, conditions: Sequence[FlowConditions]) -> list[Tensor]:
         """The decoder's mel of the target frames, float32 [1, 80, T - prompt_frames] per conditions; one
@@ -166,6 +180,20 @@ class FlowConditions:
     streaming: bool
 
 
+def flow_weights(model_dir_or_pt: str | Path) -> Path:
+    """`flow.pt` in a model directory, or the file itself."""
+    path = Path(model_dir_or_pt)
+    return path / FLOW_FILE if path.is_dir() else path
+
+
+def load_flow_module(
+    build: Callable[[], nn.Module], weights: Path, device: str | torch.device, dtype: torch.dtype
+) -> Any:
+    """`build()` with `weights` loaded strictly (the decoder's fixed noise drawn), in `dtype`, in eval mode."""
+    flow = build_and_load(build, weights, device, lambda f: f.decoder.reset_noise())
+    return flow.to(dtype=dtype).eval()
+
+
 def load_flow(
     model_dir_or_pt: str | Path,
     config: FlowConfig | CosyVoice2Config | None = None,
@@ -177,11 +205,9 @@ def load_flow(
     `model_dir_or_pt` is the model directory or the file; without `config`, `cosyvoice2.yaml` next to
     the weights is read.
     """
-    path = Path(model_dir_or_pt)
-    weights = path / FLOW_FILE if path.is_dir() else path
+    weights = flow_weights(model_dir_or_pt)
     if isinstance(config, CosyVoice2Config):
         config = config.flow
     if config is None:
         config = load_cosyvoice2_config(weights.parent).flow
-    flow = build_and_load(lambda: Flow(config), weights, device, lambda f: f.decoder.reset_noise())
-    return flow.to(dtype=dtype).eval()
+    return load_flow_module(lambda: Flow(config), weights, device, dtype)
