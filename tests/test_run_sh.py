@@ -158,6 +158,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         (["--model", "cosyvoice2", "--use_spk2info_cache", "yes"], "--use_spk2info_cache must be"),
         (["--use_spk2info_cache", "true"], "needs --model cosyvoice2"),
         (["--model", "cosyvoice2", "--token2wav_instance_num", "0"], "--token2wav_instance_num must be"),
+        (["--model", "cosyvoice2", "--cuda_mps", "on"], "--cuda_mps must be true or false"),
     ],
 )
 def test_bad_cosyvoice2_options_exit_2_with_one_line(tmp_path, options, message):
@@ -165,6 +166,25 @@ def test_bad_cosyvoice2_options_exit_2_with_one_line(tmp_path, options, message)
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "cosyvoice2").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is not None, reason="this machine has NVIDIA MPS")
+def test_cuda_mps_without_the_driver_utilities_says_what_is_missing(tmp_path):
+    command = [
+        "bash",
+        "run.sh",
+        "3",
+        "3",
+        "--cuda_mps",
+        "true",
+        "--exp_dir",
+        str(tmp_path),
+        "--python",
+        sys.executable,
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "needs nvidia-cuda-mps-control" in done.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def _parse_repo(repo: Path) -> dict:
