@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tritontts.triton.llm_contract import OUTPUT_NAMES, generated_tokens, llm_request_inputs
+from tritontts.triton.stub_objects import hold_until_stub_done
 from tritontts.triton.stubs import callee_monitor
 
 
@@ -73,13 +74,17 @@ def stream_model(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Every response of a request to a decoupled model (or the one response of a plain one).
 
-    Closing the generator before the end cancels the request where the python backend supports it.
+    Closing the generator before the end cancels the request where the python backend supports it, then reads
+    the responses still coming up to the final one: the stub frees a stream's responses only once they have all
+    been read, so an unread rest would stay in its memory for good (one per client that went away).
     """
     if not decoupled:
         yield call_model(pb_utils, model, inputs, outputs)
         return
     with callee_monitor().watching(model):  # the callee's stub dying ends this stub: see CalleeMonitor
-        responses = _request(pb_utils, model, inputs, outputs).exec(decoupled=True)
+        request = _request(pb_utils, model, inputs, outputs)
+        responses = request.exec(decoupled=True)
+        hold_until_stub_done((request, responses))  # see tritontts.triton.stub_objects
         finished = False
         try:
             for response in responses:
@@ -92,6 +97,8 @@ def stream_model(
         finally:
             if not finished and hasattr(responses, "cancel"):
                 responses.cancel()
+                for _ in responses:
+                    pass
 
 
 def generate_tokens(
