@@ -3,7 +3,10 @@
 What must hold: 50 streams cancelled or disconnected at random points, over gRPC (stream cancelled) and over the
 speech API (connection closed mid-body): afterwards the torch engine has no running request and no waiting one
 (`tritontts_llm_requests` reads 0: no slot held), Triton's queue of the BLS is empty, resident memory of the
-server and its stubs is back within 10% of its level after warm-up, and the next request succeeds.
+server and its stubs is back within 10% of its level after warm-up, and the next request succeeds. The warm-up is
+a first round of vanishing clients (a fifth of them, the same mix): a server that has never served such traffic
+still grows its buffers and thread arenas for it once (tritonserver alone: 50 -> 72 MB), which is no leak; what a
+leak leaves grows with every client after it.
 """
 
 from __future__ import annotations
@@ -84,9 +87,9 @@ def test_fifty_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(se
         read_outcome(Stream(server.grpc_url, SPARK_STREAM, spark_arrays(reference), ["waveform"]), 120)[0]
         == "ok"
     )
-    level = rss_bytes(server.server.pid)
     rng = random.Random(19)
-    plans = [rng.choice(["grpc", "api"]) for _ in range(VANISHING)]
+    warmup = max(AT_ONCE, VANISHING // 5)
+    plans = [rng.choice(["grpc", "api"]) for _ in range(warmup + VANISHING)]
     seeds = [rng.randrange(1 << 30) for _ in plans]
 
     def one(i: int) -> str:
@@ -94,7 +97,10 @@ def test_fifty_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(se
         return vanish_grpc(server, reference, local) if plans[i] == "grpc" else vanish_api(api, local)
 
     with ThreadPoolExecutor(AT_ONCE) as pool:
-        done = list(pool.map(one, range(VANISHING)))
+        list(pool.map(one, range(warmup)))
+        wait_engine_idle(server.server, LLM_STREAM)
+        level = rss_bytes(server.server.pid)
+        done = list(pool.map(one, range(warmup, warmup + VANISHING)))
     assert len(done) == VANISHING
 
     idle = wait_engine_idle(server.server, LLM_STREAM)
@@ -111,8 +117,9 @@ def test_fifty_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(se
     record(
         "clients_vanish",
         clients=VANISHING,
-        grpc=plans.count("grpc"),
-        api=plans.count("api"),
+        warmup_clients=warmup,
+        grpc=plans[warmup:].count("grpc"),
+        api=plans[warmup:].count("api"),
         engine_after=idle,
         rss_growth={k: round(after[k] / level[k] - 1, 4) for k in level if k in after and level[k]},
     )

@@ -80,7 +80,7 @@ def stream_calls(server, model: str, ids: np.ndarray, stream: str, routed: bool)
 
 
 def stubs_of(server, model: str) -> int:
-    pattern = f"triton_python_backend_stub.*{model}_0_"
+    pattern = f"triton_python_backend_stub.* {model}_0_[0-9]+ "
     found = subprocess.run(
         ["pgrep", "-s", str(server.server.process.pid), "-f", pattern], capture_output=True
     )
