@@ -29,6 +29,7 @@ def build_voice_spark_models(repo: Path, data: Path) -> None:
             "tiny",
             0,
             speech_tokens=(tokens.GLOBAL_BASE, tokens.SEMANTIC_BASE + tokens.SEMANTIC_COUNT),
+            counter=None,  # the length counter would end a short text's utterance before 32 global tokens
         )
     for bls, llm in LLM.items():
         decoupled = not bls.endswith("offline")
