@@ -98,6 +98,7 @@ token2wav_cuda_graphs=auto          # cosyvoice2(_dit): replay the flow decoder 
 token2wav_graph_batch_sizes=1,2,4,8 # cosyvoice2: concurrent token2wav calls one graphed flow call takes
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
+onnx_threads=1                      # cosyvoice2/3: intra-op CPU threads of each speech tokenizer and CAMPPlus instance (upstream: 1)
 vocoder_max_seconds=300             # cosyvoice3: audio seconds of the causal HiFT's fixed source noise (upstream: 300)
 use_spk2info_cache=false            # stages 4-5: send target_text only, so speaker 001 of spk2info.pt speaks
 
@@ -183,6 +184,7 @@ case "$dynamic_chunk_strategy" in exponential|fixed|time_based) ;; *) echo "run.
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$token2wav_instance_num" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --token2wav_instance_num must be a positive integer" >&2; exit 2; }
+[[ "$onnx_threads" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --onnx_threads must be a positive integer" >&2; exit 2; }
 [[ "$token2wav_graph_batch_sizes" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "run.sh: --token2wav_graph_batch_sizes must be comma-separated positive integers" >&2; exit 2; }
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
 case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
@@ -279,7 +281,7 @@ write_cosyvoice2_models() {
   abs_model_dir=$(cd "$model_dir" && pwd)
   abs_t2w_dir=$abs_model_dir/$token2wav_subdir
   abs_llm_dir=$abs_model_dir/$llm_subdir
-  front="model_dir:${abs_t2w_dir},${common},device:${model_device},max_reference_seconds:${max_reference_seconds}"
+  front="model_dir:${abs_t2w_dir},${common},device:${model_device},onnx_threads:${onnx_threads},max_reference_seconds:${max_reference_seconds}"
   for pair in "${leaf_models[@]}"; do
     role=${pair%%:*}
     name=${pair#*:}
@@ -314,7 +316,7 @@ write_cosyvoice3_models() {
   abs_model_dir=$(cd "$model_dir" && pwd)
   abs_t2w_dir=$abs_model_dir/$token2wav_subdir
   abs_llm_dir=$abs_model_dir/$llm_subdir
-  front="model_dir:${abs_t2w_dir},${common},device:${model_device},max_reference_seconds:${max_reference_seconds}"
+  front="model_dir:${abs_t2w_dir},${common},device:${model_device},onnx_threads:${onnx_threads},max_reference_seconds:${max_reference_seconds}"
   for name in audio_tokenizer speaker_embedding token2wav vocoder cosyvoice3; do
     cp -rL "$templates/$name" "$repo/"
   done

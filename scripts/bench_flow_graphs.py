@@ -170,6 +170,9 @@ def main() -> int:
     parser.add_argument("--model-dir", type=Path)
     parser.add_argument("--dtype", default="auto", help="flow dtype; auto: float16")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=PROMPT_TOKENS, help="reference speech tokens (25/s)"
+    )
     parser.add_argument("--out", type=Path, default=Path("flow_graphs.json"))
     parser.add_argument("--streams", type=lambda v: [int(n) for n in v.split(",")], default=[1, 4, 16])
     parser.add_argument(
@@ -239,9 +242,9 @@ def main() -> int:
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     prompt_tokens = torch.randint(
-        0, 6561, (1, PROMPT_TOKENS), device=device, generator=gen, dtype=torch.int32
+        0, 6561, (1, args.prompt_tokens), device=device, generator=gen, dtype=torch.int32
     )
-    prompt_feat = torch.randn(1, 2 * PROMPT_TOKENS, 80, device=device, generator=gen)
+    prompt_feat = torch.randn(1, 2 * args.prompt_tokens, 80, device=device, generator=gen)
     embedding = torch.randn(1, 192, device=device, generator=gen)
     first = torch.randint(0, 6561, (1, FIRST_CHUNK_TOKENS), device=device, generator=gen, dtype=torch.int32)
     offline = torch.randint(0, 6561, (1, OFFLINE_TOKENS), device=device, generator=gen, dtype=torch.int32)

@@ -37,9 +37,12 @@ PROMPT_MEL = MatchaMelConfig()
 FEAT_FRAMES_PER_TOKEN = 2
 
 
-def create_session(path: str | Path, device: str = "cpu") -> ort.InferenceSession:
+def create_session(path: str | Path, device: str = "cpu", threads: int = 1) -> ort.InferenceSession:
     """An onnxruntime session on `device` ("cpu", "cuda", "cuda:N", or "auto": the GPU when this onnxruntime
-    has the CUDA provider); the CUDA provider must exist for "cuda"."""
+    has the CUDA provider); the CUDA provider must exist for "cuda". `threads`: its intra-op threads on the CPU
+    (upstream's frontend: 1)."""
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
     path = Path(path)
     if device == "auto":
         device = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
@@ -59,7 +62,7 @@ def create_session(path: str | Path, device: str = "cpu") -> ort.InferenceSessio
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
 
@@ -81,8 +84,8 @@ def speech_token_count(num_samples_16k: int) -> int:
 class SpeechTokenizer:
     """`speech_tokenizer_v2.onnx` over whisper log-mel; ids in [0, 6561) as int32, with no vocabulary offset."""
 
-    def __init__(self, onnx_path: str | Path, device: str = "cpu") -> None:
-        self.session = create_session(onnx_path, device)
+    def __init__(self, onnx_path: str | Path, device: str = "cpu", threads: int = 1) -> None:
+        self.session = create_session(onnx_path, device, threads)
         inputs = self.session.get_inputs()
         if len(inputs) != 2:
             raise CheckpointError(f"{onnx_path} has {len(inputs)} inputs; the speech tokenizer takes 2")
@@ -118,8 +121,8 @@ def speaker_fbank(wav_16k: torch.Tensor) -> torch.Tensor:
 class SpeakerEmbedder:
     """`campplus.onnx`: mean-normalized fbank → fp32 speaker embedding `[192]`."""
 
-    def __init__(self, onnx_path: str | Path, device: str = "cpu") -> None:
-        self.session = create_session(onnx_path, device)
+    def __init__(self, onnx_path: str | Path, device: str = "cpu", threads: int = 1) -> None:
+        self.session = create_session(onnx_path, device, threads)
         inputs = self.session.get_inputs()
         if len(inputs) != 1:
             raise CheckpointError(f"{onnx_path} has {len(inputs)} inputs; CAMPPlus takes 1")

@@ -27,7 +27,9 @@ class TritonPythonModel:
         model_dir = model_param(config, "model_dir")
         tokenizer_file = model_param(config, "tokenizer_file", default=SPEECH_TOKENIZER_FILE)
         self.tokenizer = SpeechTokenizer(
-            f"{model_dir}/{tokenizer_file}", model_param(config, "device", default="auto")
+            f"{model_dir}/{tokenizer_file}",
+            model_param(config, "device", default="auto"),
+            model_param(config, "onnx_threads", int, default=1),
         )
         self.id_offset = model_param(config, "id_offset", int, default=ORIGINAL_VOCAB_SIZE)
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)

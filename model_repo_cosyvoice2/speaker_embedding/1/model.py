@@ -22,7 +22,9 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         model_dir = model_param(config, "model_dir")
         self.embedder = SpeakerEmbedder(
-            f"{model_dir}/{CAMPPLUS_FILE}", model_param(config, "device", default="auto")
+            f"{model_dir}/{CAMPPLUS_FILE}",
+            model_param(config, "device", default="auto"),
+            model_param(config, "onnx_threads", int, default=1),
         )
         self.limits = AudioLimits(
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
