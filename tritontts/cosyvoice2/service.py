@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 
 import numpy as np
@@ -52,17 +51,12 @@ SAMPLE_RATE = 24000
 TOKEN_RATE = 25
 
 
-def prompt_mel_16k(wav_16k: np.ndarray, prompt_mel: MatchaMelConfig = PROMPT_MEL) -> np.ndarray:
-    """The flow's prompt mel `[frames, 80]` of a 16 kHz reference (resampled to the mel's 24 kHz)."""
-    wav_24k = hann_sinc_resample(torch.from_numpy(wav_16k), INPUT_SAMPLE_RATE, prompt_mel.sampling_rate)
-    return prompt_speech_feat(wav_24k, prompt_mel)
-
-
 def prompt_features(
     wav_16k: np.ndarray, speech_tokens: np.ndarray, prompt_mel: MatchaMelConfig = PROMPT_MEL
 ) -> tuple[np.ndarray, np.ndarray]:
     """The 24 kHz prompt mel of a reference and its tokens, cut to each other's length as upstream does."""
-    tokens, feat = align_prompt_lengths(speech_tokens, prompt_mel_16k(wav_16k, prompt_mel))
+    wav_24k = hann_sinc_resample(torch.from_numpy(wav_16k), INPUT_SAMPLE_RATE, prompt_mel.sampling_rate)
+    tokens, feat = align_prompt_lengths(speech_tokens, prompt_speech_feat(wav_24k, prompt_mel))
     return tokens.astype(np.int32), feat
 
 
@@ -107,7 +101,6 @@ class CosyVoice2Service:
         self.voices: VoiceCache[Voice] = VoiceCache(voice_cache_size)
         self.flow_prompt = flow_prompt
         self.prompt_mel = prompt_mel
-        self._frontend_calls = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cosyvoice2-frontend")
 
     def voice(self, request: CosyVoice2Request) -> Voice:
         if request.profile is not None:
@@ -129,22 +122,10 @@ class CosyVoice2Service:
         return self._new_voice(wav)
 
     def _new_voice(self, wav: np.ndarray) -> Voice:
-        """The speech tokenizer and the speaker embedding asked at once, the prompt mel computed meanwhile."""
         if not self.flow_prompt:
             return Voice("", np.asarray(self.tokenize(wav), dtype=np.int32).reshape(-1), reference_wav=wav)
-        tokens = self._frontend_calls.submit(self.tokenize, wav)
-        embedding = self._frontend_calls.submit(self.embed, wav)
-        try:
-            feat = prompt_mel_16k(wav, self.prompt_mel)
-            speech_tokens, feat = align_prompt_lengths(np.asarray(tokens.result()).reshape(-1), feat)
-            return Voice(
-                "",
-                speech_tokens.astype(np.int32),
-                feat,
-                np.asarray(embedding.result(), dtype=np.float32).reshape(-1),
-            )
-        finally:
-            wait((tokens, embedding))
+        tokens, feat = prompt_features(wav, self.tokenize(wav), self.prompt_mel)
+        return Voice("", tokens, feat, np.asarray(self.embed(wav), dtype=np.float32).reshape(-1))
 
     def _speech(self, request: CosyVoice2Request, streaming: bool) -> tuple[Voice, Iterator[np.ndarray]]:
         voice = self.voice(request)
