@@ -1,0 +1,56 @@
+"""run.sh --server_cpu_threads: the OMP_NUM_THREADS stages 3 and 7 give the servers (auto: 1 on a GPU host)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG_LINE = "servers run with OMP_NUM_THREADS="
+
+
+def stage_3(tmp_path: Path, options: list[str], gpu: bool, env_threads: str | None = None):
+    """Stage 3 against a missing repository (the server never starts), with or without an `nvidia-smi` on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if gpu:
+        fake = bin_dir / "nvidia-smi"
+        fake.write_text("#!/bin/sh\nexit 0\n")
+        fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    if env_threads is not None:
+        env["OMP_NUM_THREADS"] = env_threads
+    command = ["bash", "run.sh", "3", "3", "--exp_dir", str(tmp_path / "exp"), "--python", sys.executable]
+    command += ["--model_repo", str(tmp_path / "no_repo"), *options]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "options, gpu, env_threads, expected",
+    [
+        ([], True, None, "1"),
+        ([], False, None, None),  # CPU hosts: the LLM and token2wav need torch's threads
+        (["--llm_device", "cpu"], True, None, None),
+        ([], True, "3", None),  # the environment's own setting stands
+        (["--server_cpu_threads", "4"], False, None, "4"),
+        (["--server_cpu_threads", "0"], True, None, None),
+    ],
+)
+def test_auto_gives_one_thread_on_gpu_hosts_only(tmp_path, options, gpu, env_threads, expected):
+    done = stage_3(tmp_path, options, gpu, env_threads)
+    lines = [line for line in done.stdout.splitlines() if LOG_LINE in line]
+    if expected is None:
+        assert not lines, done.stdout
+    else:
+        assert len(lines) == 1 and lines[0].endswith(f"{LOG_LINE}{expected} (--server_cpu_threads)")
+    assert "model repository not found" in done.stdout + done.stderr  # it went on to start the server
+
+
+def test_a_bad_value_exits_2_naming_the_option(tmp_path):
+    done = stage_3(tmp_path, ["--server_cpu_threads", "many"], gpu=False)
+    assert done.returncode == 2 and "--server_cpu_threads must be auto or a number" in done.stderr
