@@ -65,7 +65,10 @@ def reference_prompt() -> dict:
 def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: Path, llm_dir: Path) -> None:
     """A CosyVoice repository's front-end leaves and token2wav (from `templates`) and its two torch LLM engines
     (streaming and offline), named `prefix + role`, all on CPU in float32."""
-    front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:{MAX_REFERENCE_SECONDS}"
+    front = (  # onnx_threads: run.sh's default, upstream's 1 intra-op thread per ONNX front end
+        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,onnx_threads:1,"
+        f"max_reference_seconds:{MAX_REFERENCE_SECONDS}"
+    )
     for leaf in ("audio_tokenizer", "speaker_embedding"):
         install_template(templates, leaf, repo, prefix + leaf, front)
     install_template(
