@@ -1,10 +1,11 @@
 """Scenario 1 of the reliability suite: a stub killed mid-stream.
 
-What must hold: SIGKILL to a BLS stub, to the `tensorrt_llm` (torch engine) stub, to the vocoder stub (Spark-TTS)
-and to the token2wav stub (CosyVoice2), each while 4 streams run: every stream ends (audio or an error), none
-hangs; the watchdog (tritontts.triton.watchdog) reloads the model whose stub died, after which the next 20
-requests succeed. Where the model cannot be reloaded (no explicit model control), the watchdog stops the server:
-its readiness turns false.
+What must hold: SIGKILL to a BLS stub, to the `tensorrt_llm` (torch engine) stub, to the vocoder stub
+(Spark-TTS) and to the token2wav stub (CosyVoice2), each while 4 streams run: every stream ends (audio or an
+error), none hangs; the watchdog (tritontts.triton.watchdog) reloads the model whose stub died, after which
+the next requests succeed (CI: 6, three rounds over the BLS's 2 instances; scripts/soak.py: 20). Where the
+model cannot be reloaded (no explicit model control), the watchdog stops the server: its readiness turns
+false.
 
 tritonserver 2.51 alone never restarts a killed stub: requests routed to its instance fail with "Stub process
 ... is not healthy" for ever while the model and the server stay ready, and a BLS that waits for a decoupled
@@ -38,6 +39,7 @@ from reliability_models import (
     build_reliability_cosyvoice2_models,
     build_reliability_models,
     json_lines,
+    knob,
     read_outcome,
     record,
     reference_clip,
@@ -52,7 +54,8 @@ from tritontts.triton.stubs import current_stubs, free_shm_region, list_stubs, m
 TRITON_MODELS = [build_reliability_models, build_cosyvoice2_models, build_reliability_cosyvoice2_models]
 pytestmark = pytest.mark.reliability
 SILENCE_S = 180  # a stream that sends nothing for this long counts as hung (a shared, loaded CI machine)
-NEXT_REQUESTS = 20
+# scripts/soak.py sets TRITONTTS_SOAK_REPORT: its record keeps 20; TRITONTTS_SOAK_NEXT_REQUESTS sets any count
+NEXT_REQUESTS = int(knob("next_requests", 20 if os.environ.get("TRITONTTS_SOAK_REPORT") else 6))
 
 
 @pytest.fixture(scope="module")

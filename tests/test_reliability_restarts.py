@@ -123,13 +123,13 @@ def test_the_api_killed_under_load_keeps_every_saved_voice(server, tmp_path, pro
     for thread in threads:
         thread.start()
     try:
-        time.sleep(4)
+        time.sleep(2)
         api.send_signal(signal.SIGKILL)
         api.wait()
         killed = time.monotonic()
         api = start_api(args, port, tmp_path / "api.log")
         back = time.monotonic() - killed
-        time.sleep(4)
+        time.sleep(2)
     finally:
         stop.set()
         for thread in threads:
