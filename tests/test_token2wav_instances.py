@@ -120,7 +120,8 @@ def executions_by_instance(server, model: str) -> dict[str, float]:
 
 def test_a_sequence_batcher_keeps_each_of_four_concurrent_streams_on_one_instance(server):
     assert stubs_of(server, ROUTED) == 2
-    calls = [np.random.default_rng(10 + i).integers(0, 6561, 70 + 10 * i).astype(np.int32) for i in range(4)]
+    # 35 to 50 tokens: 3 or 4 calls a stream (start, middle, finalize) on 15-token hops
+    calls = [np.random.default_rng(10 + i).integers(0, 6561, 35 + 5 * i).astype(np.int32) for i in range(4)]
     with ThreadPoolExecutor(4) as pool:
         routed = list(
             pool.map(lambda i: stream_calls(server, ROUTED, calls[i], f"routed-{i}", True), range(4))
