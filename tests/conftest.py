@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from leftover_stubs import kill_leftover_stubs
 from tolerance import SERVER_TORCH_THREADS
 
 # Every tritonserver, stub and run.sh the tests start inherits this: OpenMP threads that sleep when idle instead of
@@ -137,6 +138,7 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield RunningTriton(server=server, repo=repo)
     finally:
         server.stop(grace_s=15)
+        kill_leftover_stubs(repo)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
