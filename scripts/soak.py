@@ -36,6 +36,12 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostile-api", type=int, default=300, help="malformed speech-API requests")
     p.add_argument("--overload-rounds", type=int, default=5, help="bursts of 4x capacity (scenario 3)")
     p.add_argument(
+        "--next-requests",
+        type=int,
+        default=20,
+        help="requests that must succeed after a stub's reload (scenario 1)",
+    )
+    p.add_argument(
         "--tests", default="tests/test_reliability_*.py", help="which reliability test files to run"
     )
     p.add_argument("-k", default=None, help="pytest -k expression")
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "TRITONTTS_SOAK_HOSTILE_PER_TARGET": str(args.hostile_per_target),
         "TRITONTTS_SOAK_HOSTILE_API": str(args.hostile_api),
         "TRITONTTS_SOAK_OVERLOAD_ROUNDS": str(args.overload_rounds),
+        "TRITONTTS_SOAK_NEXT_REQUESTS": str(args.next_requests),
     }
     command = [sys.executable, "-m", "pytest", "-q", "-m", "reliability", "-p", "no:cacheprovider", *files]
     if args.k:

@@ -8,32 +8,16 @@ import os
 import signal
 from pathlib import Path
 
-STUB_NAME = b"triton_python_backend_stub"
-
-
-def stubs_serving(repo: Path) -> list[int]:
-    """Pids of live python-backend stubs whose command line names a model under `repo`."""
-    marker = str(repo.resolve()).encode() + b"/"
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(STUB_NAME) and any(arg.startswith(marker) for arg in argv[1:]):
-            pids.append(int(entry.name))
-    return pids
+from tritontts.triton.stubs import stubs_serving
 
 
 def kill_leftover_stubs(repo: Path) -> list[int]:
     """SIGKILL every stub still serving `repo` (call once its server has exited); the pids killed."""
     killed = []
-    for pid in stubs_serving(repo):
+    for stub in stubs_serving(repo):
         try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+            os.kill(stub.pid, signal.SIGKILL)
+            killed.append(stub.pid)
         except ProcessLookupError:
             pass
     return killed

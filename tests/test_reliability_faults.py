@@ -54,8 +54,7 @@ from tritontts.triton.stubs import current_stubs, free_shm_region, list_stubs, m
 TRITON_MODELS = [build_reliability_models, build_cosyvoice2_models, build_reliability_cosyvoice2_models]
 pytestmark = pytest.mark.reliability
 SILENCE_S = 180  # a stream that sends nothing for this long counts as hung (a shared, loaded CI machine)
-# scripts/soak.py sets TRITONTTS_SOAK_REPORT: its record keeps 20; TRITONTTS_SOAK_NEXT_REQUESTS sets any count
-NEXT_REQUESTS = int(knob("next_requests", 20 if os.environ.get("TRITONTTS_SOAK_REPORT") else 6))
+NEXT_REQUESTS = int(knob("next_requests", 6))  # scripts/soak.py: 20
 
 
 @pytest.fixture(scope="module")

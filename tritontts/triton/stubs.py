@@ -44,12 +44,8 @@ def _process(pid: int) -> tuple[int, str, int, list[str]] | None:
     return int(fields[1]), fields[0], int(fields[19]), [a.decode(errors="replace") for a in argv if a]
 
 
-def list_stubs(parent_pid: int) -> list[Stub]:
-    """The live (not zombie) stubs whose parent is `parent_pid`, oldest first.
-
-    After a reload the old version's stubs may live on beside the new ones under the same instance names: 2.51
-    keeps an old instance (its stub and shared memory) while requests that a killed stub held are unanswered."""
-    stubs = []
+def _live_stubs() -> Iterator[tuple[int, Path, Stub]]:
+    """(parent pid, model.py path, stub) of every live (not zombie) stub on the machine."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -57,13 +53,25 @@ def list_stubs(parent_pid: int) -> list[Stub]:
         if process is None:
             continue
         parent, state, started, argv = process
-        if parent != parent_pid or state == "Z" or len(argv) < 9:
+        if state == "Z" or len(argv) < 9 or os.path.basename(argv[0]) != STUB_BINARY:
             continue
-        if os.path.basename(argv[0]) != STUB_BINARY:
-            continue
-        model = Path(argv[1]).parent.parent.name
-        stubs.append(Stub(int(entry), model, argv[8], argv[2], started))
+        model_py = Path(argv[1])
+        yield parent, model_py, Stub(int(entry), model_py.parent.parent.name, argv[8], argv[2], started)
+
+
+def list_stubs(parent_pid: int) -> list[Stub]:
+    """The live (not zombie) stubs whose parent is `parent_pid`, oldest first.
+
+    After a reload the old version's stubs may live on beside the new ones under the same instance names: 2.51
+    keeps an old instance (its stub and shared memory) while requests that a killed stub held are unanswered."""
+    stubs = [stub for parent, _, stub in _live_stubs() if parent == parent_pid]
     return sorted(stubs, key=lambda s: (s.started, s.pid))
+
+
+def stubs_serving(repo: Path) -> list[Stub]:
+    """The live stubs of models under the repository `repo`, whatever their parent: a stub that outlived its
+    server has been re-parented."""
+    return [stub for _, model_py, stub in _live_stubs() if repo in model_py.parents]
 
 
 def current_stubs(parent_pid: int) -> dict[str, Stub]:
