@@ -95,7 +95,7 @@ token_hop_len=15                    # streaming: speech tokens of the first toke
 pre_lookahead_len=3                 # streaming: tokens past a chunk the flow looks ahead at
 dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | time_based (upstream: hops grow while audio runs ahead) | fixed (every hop token_hop_len)
 token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
-token2wav_cuda_graphs=auto          # cosyvoice2(_dit): replay the flow decoder from CUDA graphs: auto (on CUDA) | true | false
+token2wav_cuda_graphs=auto          # replay the flow decoder and the vocoder (HiFT) from CUDA graphs: auto (on CUDA) | true | false
 token2wav_graph_batch_sizes=1,2,4,8 # cosyvoice2: concurrent token2wav calls one graphed flow call takes
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
@@ -327,7 +327,7 @@ write_cosyvoice3_models() {
   fill "$repo/token2wav/config.pbtxt" \
     "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}"
   fill "$repo/vocoder/config.pbtxt" \
-    "model_dir:${abs_t2w_dir},${common},device:${model_device},instance_num:${vocoder_instance_num},max_seconds:${vocoder_max_seconds}"
+    "model_dir:${abs_t2w_dir},${common},device:${model_device},instance_num:${vocoder_instance_num},max_seconds:${vocoder_max_seconds},cuda_graphs:${token2wav_cuda_graphs}"
   [ -z "$endpoint" ] || llm_model=none
   fill "$repo/cosyvoice3/config.pbtxt" \
     "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"

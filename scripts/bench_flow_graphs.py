@@ -204,6 +204,13 @@ def main() -> int:
     graph_config = FlowGraphConfig(batch_sizes=(1, 2, 4, 8, 16))  # the default buckets and memory limit
     report = flow.use_cuda_graphs(graph_config)
     graphed = flow.graphed_decoder
+    t2w.hift.use_cuda_graphs()
+    hift_graphs = (t2w.hift.f0_graphs, t2w.hift.decode_graphs)
+
+    def use_graphs(decoder) -> None:
+        flow.graphed_decoder = decoder
+        t2w.hift.f0_graphs, t2w.hift.decode_graphs = hift_graphs if decoder is not None else (None, None)
+
     result: dict = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -259,7 +266,7 @@ def main() -> int:
 
     hift_inference = t2w.hift.inference
     for path, decoder in (("eager", None), ("graphed", graphed)):
-        flow.graphed_decoder = decoder
+        use_graphs(decoder)
         clock = StageClock()
         first_ms = median_ms(first_chunk, args.reps)
         offline_ms = median_ms(offline_call, args.reps)
@@ -281,7 +288,7 @@ def main() -> int:
     result["streams"] = []
     for streams in args.streams:
         for path, decoder in (("eager", None), ("graphed", graphed)):
-            flow.graphed_decoder = decoder
+            use_graphs(decoder)
             run_streams(t2w, streams, prompt_tokens, prompt_feat, embedding)  # warm-up
             row = {
                 "streams": streams,
@@ -290,11 +297,14 @@ def main() -> int:
             }
             result["streams"].append(row)
             print(row, flush=True)
-    flow.graphed_decoder = graphed
+    use_graphs(graphed)
     result["first_chunk_speedup"] = round(
         result["eager"]["first_chunk_ms"] / result["graphed"]["first_chunk_ms"], 2
     )
     result["graph_calls"] = dict(graphed.calls)
+    result["hift_graph_calls"] = {
+        g.name: {"captured": g.captured, "replays": g.replays, "eager": g.eager_calls} for g in hift_graphs
+    }
     if args.compile_frames:
         result["compiled_estimator"] = compile_rows(t2w, args.compile_frames, dtype, args.reps)
     args.out.write_text(json.dumps(result, indent=1))

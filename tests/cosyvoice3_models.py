@@ -53,7 +53,7 @@ def build_cosyvoice3_models(repo: Path, data: Path) -> None:
         "vocoder",
         repo,
         PREFIX + "vocoder",
-        f"model_dir:{model_dir},{COMMON},device:cpu,instance_num:1,max_seconds:{VOCODER_MAX_SECONDS}",
+        f"model_dir:{model_dir},{COMMON},device:cpu,instance_num:1,max_seconds:{VOCODER_MAX_SECONDS},cuda_graphs:auto",
     )
     leaves = ",".join(f"{leaf}_model:{PREFIX}{leaf}" for leaf in LEAVES)
     for name, decoupled, llm, api in (

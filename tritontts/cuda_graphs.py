@@ -111,14 +111,19 @@ class FlowGraphConfig:
         return bucket_for(self.buckets, frames)
 
 
-def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> FlowGraphConfig | None:
-    """A deployment's `cuda_graphs` (auto: on for CUDA) and `cuda_graph_batch_sizes` ("1,2,4,8") parameters."""
+def graphs_wanted(switch: str, device: torch.device) -> bool:
+    """A deployment's `cuda_graphs` parameter: auto (on for CUDA), true (CUDA required) or false."""
     if switch not in ("auto", "true", "false"):
         raise ValueError(f"cuda_graphs must be auto, true or false, got {switch!r}")
-    if switch == "false" or (switch == "auto" and device.type != "cuda"):
-        return None
-    if device.type != "cuda":
+    if switch == "true" and device.type != "cuda":
         raise ValueError(f"cuda_graphs true needs a CUDA device, got {device}")
+    return switch == "true" or (switch == "auto" and device.type == "cuda")
+
+
+def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> FlowGraphConfig | None:
+    """A deployment's `cuda_graphs` (auto: on for CUDA) and `cuda_graph_batch_sizes` ("1,2,4,8") parameters."""
+    if not graphs_wanted(switch, device):
+        return None
     try:
         sizes = tuple(sorted({int(b) for b in batch_sizes.split(",")}))
     except ValueError:

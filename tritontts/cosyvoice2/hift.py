@@ -28,6 +28,8 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from tritontts.checkpoint import load_strict, read_state_dict
 from tritontts.cosyvoice2.f0_predictor import ConvRNNF0Predictor
+from tritontts.dsp.istft import istft
+from tritontts.shape_graphs import ShapeGraphConfig, ShapeGraphs
 from tritontts.spark.config import ConfigError
 
 HIFT_FILE = "hift.pt"
@@ -235,6 +237,15 @@ class HiFT(nn.Module):
             config.f0_in_channels, config.f0_cond_channels, config.f0_num_class
         )
         self.register_buffer("stft_window", torch.hann_window(config.n_fft, periodic=True), persistent=False)
+        self.f0_graphs: ShapeGraphs | None = None
+        self.decode_graphs: ShapeGraphs | None = None
+
+    def use_cuda_graphs(self, config: ShapeGraphConfig | None = None) -> None:
+        """Replay the f0 predictor and the decoder from CUDA graphs per mel length (the source's random draws
+        stay eager, so a stream's generator is honoured)."""
+        device = self.stft_window.device
+        self.f0_graphs = ShapeGraphs(self.f0_predictor, device, config, "HiFT f0")
+        self.decode_graphs = ShapeGraphs(self.decode, device, config, "HiFT decode")
 
     def decode(self, mel: Tensor, source: Tensor) -> Tensor:
         """mel `[B, 80, T]` and source `[B, 1, 480 T]` → audio `[B, 480 T]` in [-audio_limit, audio_limit]."""
@@ -256,7 +267,7 @@ class HiFT(nn.Module):
         source over the overlapping mel frames, so the excitation has no jump there). The noise comes from
         `generator` (or torch's global RNG, as upstream, which never seeds it per request).
         """
-        f0 = self.f0_predictor(speech_feat)
+        f0 = (self.f0_graphs or self.f0_predictor)(speech_feat)
         source = self.m_source(f0, generator)
         if cache_source is not None and cache_source.shape[-1] > 0:
             cached = cache_source.shape[-1]
@@ -265,7 +276,7 @@ class HiFT(nn.Module):
                     f"cache_source has {cached} samples, more than the {source.shape[-1]} of the mel"
                 )
             source[:, :, :cached] = cache_source.to(source)
-        return self.decode(speech_feat, source), source
+        return (self.decode_graphs or self.decode)(speech_feat, source), source
 
 
 def source_spectrum(source: Tensor, config: HiFTConfig, window: Tensor) -> Tensor:
@@ -300,7 +311,7 @@ def upsample_to_audio(model: nn.Module, x: Tensor, source_spec: Tensor) -> Tenso
     magnitude = torch.exp(x[:, :bins]).clip(max=MAGNITUDE_LIMIT)
     phase = torch.sin(x[:, bins:])
     spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-    return torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window)
+    return istft(spectrum, cfg.n_fft, cfg.hop_len, window)
 
 
 def fuse_weight_norm(module: nn.Module) -> None:

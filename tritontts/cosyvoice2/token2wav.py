@@ -240,7 +240,7 @@ class Token2Wav:
         """`cosyvoice2.yaml`, `flow.pt` (in `dtype`) and `hift.pt` (fp32, as upstream) from a model directory.
 
         `flow_graphs` (CUDA only): capture the flow decoder's CUDA graphs now and replay them for every call
-        that fits one."""
+        that fits one; the HiFT then replays graphs of the mel lengths it has seen before."""
         from tritontts.cosyvoice2.config import load_cosyvoice2_config
         from tritontts.cosyvoice2.flow import load_flow
 
@@ -250,6 +250,8 @@ class Token2Wav:
         if flow_graphs is not None:
             flow.use_cuda_graphs(flow_graphs)
         hift = load_hift(model_dir / HIFT_FILE, HiFTConfig.from_yaml_dict(config.hift), device)
+        if flow_graphs is not None:
+            hift.use_cuda_graphs()
         return cls(flow, hift, config.token_mel_ratio, device, dtype, seed)
 
     def _generator(self) -> torch.Generator | None:

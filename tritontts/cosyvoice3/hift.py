@@ -33,6 +33,7 @@ from tritontts.cosyvoice3.config import (
     load_cosyvoice3_config,
 )
 from tritontts.cosyvoice3.noise import UPSTREAM_NOISE_SAMPLES, source_noise
+from tritontts.shape_graphs import ShapeGraphConfig, ShapeGraphs
 from tritontts.spark.config import ConfigError
 
 SOURCE_HARMONICS = 9  # upstream's causal sine generator hard-codes its noise width
@@ -194,6 +195,11 @@ class CausalHiFT(nn.Module):
         self.conv_post = weight_norm(CausalConv1d(base >> stages, spec, 7))
         self.f0_predictor = CausalF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class)
         self.register_buffer("stft_window", torch.hann_window(cfg.n_fft, periodic=True), persistent=False)
+        self.graphs: ShapeGraphs | None = None
+
+    def use_cuda_graphs(self, config: ShapeGraphConfig | None = None) -> None:
+        """Replay whole calls (f0, source, decode: all deterministic) from CUDA graphs per mel length."""
+        self.graphs = ShapeGraphs(self._infer, self.stft_window.device, config, "CausalHiFT")
 
     @property
     def lookahead_frames(self) -> int:
@@ -224,6 +230,9 @@ class CausalHiFT(nn.Module):
     @torch.inference_mode()
     def inference(self, speech_feat: Tensor, finalize: bool = True) -> tuple[Tensor, Tensor]:
         """mel [B, 80, T] → (audio [B, 480 T] when finalize else [B, 480 (T - 8)], source float32)."""
+        return (self.graphs or self._infer)(speech_feat, finalize=finalize)
+
+    def _infer(self, speech_feat: Tensor, finalize: bool = True) -> tuple[Tensor, Tensor]:
         f0 = self.f0(speech_feat, finalize)
         source = self.m_source(f0)
         mel = speech_feat if finalize else speech_feat[:, :, : -self.f0_predictor.lookahead]

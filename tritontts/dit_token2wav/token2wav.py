@@ -155,6 +155,8 @@ class DiTToken2Wav:
             flow.use_cuda_graphs(flow_graphs)
         hift_path = model_dir / HIFT_FILE
         hift = load_hift(hift_path, hift_config_of(hift_path), device)
+        if flow_graphs is not None:
+            hift.use_cuda_graphs()
         tokenizer_device = "auto" if device.type == "cuda" else "cpu"
         return cls(
             flow,

@@ -1,7 +1,8 @@
 """CosyVoice2 token2wav (flow + HiFT), wire-compatible with upstream's `token2wav` model.
 
 Without prompt inputs, speaker "001" of spk2info.pt. With `token_offset`/`finalize`, one call of a stream keyed
-by the request id (its HiFT caches stay here until the finalize call), else one whole utterance.
+by the request id (its HiFT caches stay here until the finalize call), else one whole utterance. On a GPU
+each instance runs two streams of the default speaker before it serves (kernels loaded, HiFT graphs captured).
 """
 
 import json
@@ -10,6 +11,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
+from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS, Token2WavInputs, parse_token2wav_inputs
 from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
@@ -28,6 +30,12 @@ class TritonPythonModel:
         self.instances = stream_instances(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
         self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))
+        if device.type == "cuda":
+            warm_up_streams(self.model.run_many, self._warm_up_call, self.model.close)
+
+    def _warm_up_call(self, target, chunk, stream_id) -> Token2WavCall:
+        prompt = (self.default.speech_token, self.default.speech_feat, self.default.embedding)
+        return Token2WavCall(target, *prompt, stream_id, chunk.token_offset, chunk.finalize)
 
     def _call(self, request) -> Token2WavCall:
         arrays = {name: optional_input(pb_utils, request, name) for name in TOKEN2WAV_INPUTS}

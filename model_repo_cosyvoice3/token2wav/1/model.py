@@ -1,12 +1,14 @@
 """CosyVoice3 token2wav: speech tokens (+ prompt) → mel with the DiT flow, stateless, as upstream's.
 
 The requests of one Triton batch are decoded together (`Token2Mel.run_many`). The work is in
-tritontts.cosyvoice3.token2mel and tritontts.cosyvoice3.wire."""
+tritontts.cosyvoice3.token2mel and tritontts.cosyvoice3.wire. On a GPU each instance runs two streams of the
+default speaker before it serves."""
 
 import json
 
 import triton_python_backend_utils as pb_utils
 
+from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS
 from tritontts.cosyvoice3.token2mel import Token2Mel
 from tritontts.cosyvoice3.wire import Token2MelCall, parse_token2mel_inputs
@@ -23,6 +25,13 @@ class TritonPythonModel:
         device, dtype, graphs = flow_placement(config)
         self.model = Token2Mel.from_model_dir(model_param(config, "model_dir"), device, dtype, graphs)
         self.stages = token2wav_stage_seconds(pb_utils, args)
+        if device.type == "cuda" and self.model.default is not None:
+            warm_up_streams(self.model.run_many, self._warm_up_call)
+
+    def _warm_up_call(self, target, chunk, stream_id) -> Token2MelCall:
+        voice = self.model.default
+        prompt = (voice.speech_token, voice.speech_feat, voice.embedding)
+        return Token2MelCall(target, *prompt, chunk.token_offset, chunk.finalize)
 
     def _call(self, request) -> Token2MelCall:
         arrays = {name: optional_input(pb_utils, request, name) for name in TOKEN2WAV_INPUTS}

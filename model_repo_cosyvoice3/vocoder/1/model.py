@@ -1,14 +1,18 @@
 """CosyVoice3 vocoder: mel → 24 kHz audio with the causal HiFT (fp32), one request at a time, stateless.
 
-The work is in tritontts.cosyvoice3.hift (the model) and tritontts.cosyvoice3.wire (the inputs)."""
+The work is in tritontts.cosyvoice3.hift (the model) and tritontts.cosyvoice3.wire (the inputs). On a GPU the
+calls of a mel length seen before replay CUDA graphs, and the lengths of a stream's first chunks are captured
+before serving."""
 
 import json
 
 import torch
 import triton_python_backend_utils as pb_utils
 
+from tritontts.cosyvoice2.warmup import streamed_mel_lengths, warm_up_vocoder
 from tritontts.cosyvoice3.hift import load_causal_hift
 from tritontts.cosyvoice3.wire import parse_vocoder_inputs
+from tritontts.cuda_graphs import graphs_wanted
 from tritontts.devices import resolve_device
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import error_response, model_param, optional_input
@@ -23,6 +27,13 @@ class TritonPythonModel:
         self.hift = load_causal_hift(
             model_param(config, "model_dir"), device=self.device, max_seconds=max_seconds
         )
+        if graphs_wanted(model_param(config, "cuda_graphs", default="auto"), self.device):
+            self.hift.use_cuda_graphs()
+        if self.device.type == "cuda":
+            with torch.inference_mode():
+                warm_up_vocoder(
+                    lambda mel: self.hift.inference(mel.to(self.device), False), streamed_mel_lengths()
+                )
 
     def _speech(self, request):
         mel, finalize = parse_vocoder_inputs(

@@ -1,0 +1,130 @@
+"""The vocoders eager against replayed from their per-length CUDA graphs, in one process on one GPU:
+CosyVoice2's HiFT (also the DiT token2wav's) and CosyVoice3's causal HiFT, full-size synthetic weights, fp32.
+
+    python scripts/bench_vocoder_graphs.py [--reps 20] [--out FILE.json]
+
+For each mel length: the median time of one call, both ways, and the largest difference in the audio (the same
+source noise both ways: CosyVoice2's from one generator seed per call, CosyVoice3's fixed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tritontts.shape_graphs import ShapeGraphs
+
+MEL_FRAMES = (42, 100, 186, 400)
+
+
+def median_ms(call: Callable[[], object], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def compare(
+    name: str, call: Callable[[torch.Tensor], torch.Tensor], switch: Callable[[bool], None], reps: int
+) -> list[dict]:
+    rows = []
+    for frames in MEL_FRAMES:
+        mel = torch.randn(1, 80, frames, device="cuda", generator=torch.Generator("cuda").manual_seed(frames))
+        switch(False)
+        eager_audio = call(mel)
+        eager = median_ms(lambda m=mel: call(m), reps)
+        switch(True)
+        call(mel), call(mel)  # the second sighting of a length captures it
+        graph_audio = call(mel)
+        graph = median_ms(lambda m=mel: call(m), reps)
+        rows.append(
+            {
+                "model": name,
+                "mel_frames": frames,
+                "eager_ms": round(eager, 2),
+                "graphed_ms": round(graph, 2),
+                "speedup": round(eager / graph, 2),
+                "max_abs_diff": float((graph_audio - eager_audio).abs().max()),
+                "audio_abs_max": float(eager_audio.abs().max()),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def cosyvoice2_rows(folder: Path, reps: int) -> list[dict]:
+    from tritontts.cosyvoice2.hift import load_hift
+    from tritontts.synthetic.cosyvoice2_hift import preset_config, write_hift
+
+    write_hift(folder, "full", seed=0)
+    hift = load_hift(folder, preset_config("full"), "cuda")
+    hift.use_cuda_graphs()
+    graphs: tuple[ShapeGraphs | None, ShapeGraphs | None] = (hift.f0_graphs, hift.decode_graphs)
+
+    def switch(on: bool) -> None:
+        hift.f0_graphs, hift.decode_graphs = graphs if on else (None, None)
+
+    def call(mel: torch.Tensor) -> torch.Tensor:
+        return hift.inference(mel, generator=torch.Generator("cuda").manual_seed(7))[0]
+
+    return compare("cosyvoice2 HiFT", call, switch, reps)
+
+
+def cosyvoice3_rows(folder: Path, reps: int) -> list[dict]:
+    from tritontts.cosyvoice3.hift import load_causal_hift
+    from tritontts.synthetic.cosyvoice3 import write_cosyvoice3_token2wav
+
+    write_cosyvoice3_token2wav(folder, "full", seed=0)
+    hift = load_causal_hift(folder, device="cuda", max_seconds=30)
+    hift.use_cuda_graphs()
+    graphs = hift.graphs
+
+    def switch(on: bool) -> None:
+        hift.graphs = graphs if on else None
+
+    def call(mel: torch.Tensor) -> torch.Tensor:
+        return hift.inference(mel, finalize=False)[0]
+
+    return compare("cosyvoice3 causal HiFT (finalize false)", call, switch, reps)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("vocoder_graphs.json"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    root = Path(tempfile.mkdtemp())
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "rows": cosyvoice2_rows(root / "cosyvoice2", args.reps)
+        + cosyvoice3_rows(root / "cosyvoice3", args.reps),
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
