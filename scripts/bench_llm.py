@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,6 +25,8 @@ import torch
 from tritontts.llm.config import Qwen2Config
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.loader import build_model, load_pretrained
+from tritontts.llm.model import attention_block, decode_lengths
+from tritontts.llm.runner import DECODE_ATTENTION, ModelRunner
 from tritontts.llm.sequence import SamplingParams
 from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
 
@@ -53,6 +56,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-seq-len", type=int, default=2560)
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (inductor)")
+    parser.add_argument(
+        "--decode-attention",
+        choices=DECODE_ATTENTION,
+        default="auto",
+        help="decode steps' attention: the fused Triton kernel, the torch path, or auto (Triton on CUDA)",
+    )
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.95)
@@ -107,6 +116,42 @@ def build_models(args, device: torch.device, dtype: torch.dtype):
 def prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
+
+
+@torch.inference_mode()
+def decode_attention_check(runner: ModelRunner, compiled: bool) -> dict:
+    """The Triton decode attention against the torch path (same dtype, and fp32) on random inputs of the
+    engine's shapes, through `attention_block` on copies of random caches; under torch.compile too."""
+    shape, device, dtype = runner.shape, runner.device, runner.dtype
+    gen = torch.Generator(device=device).manual_seed(0)
+    paths = {name: replace(shape, decode_attention=name) for name in ("torch", "triton")}
+    compiled_block = torch.compile(attention_block, fullgraph=True, dynamic=False) if compiled else None
+    results = {}
+    for batch in sorted({1, runner.max_batch_size}):
+        positions = torch.randint(0, runner.max_seq_len, (batch, 1), generator=gen, device=device)
+        positions[0] = runner.max_seq_len - 1  # the longest row and, in a batch, the shortest
+        if batch > 1:
+            positions[-1] = 0
+        tokens = torch.zeros_like(positions)
+        ctx = runner.model.context(tokens, positions, slice(0, batch), runner.max_seq_len)
+        ctx = replace(ctx, lengths=decode_lengths(positions, runner.max_seq_len))
+        width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+        qkv = torch.randn(batch, 1, width, generator=gen, device=device, dtype=dtype)
+        k, v = (torch.randn(runner.cache.k[0].shape, generator=gen, device=device, dtype=dtype) for _ in "kv")
+        out = {name: attention_block(p, qkv, k.clone(), v.clone(), ctx).float() for name, p in paths.items()}
+        exact = attention_block(paths["torch"], qkv.float(), k.float(), v.float(), ctx)
+        entry = {
+            "max_abs_diff_triton_vs_torch": (out["triton"] - out["torch"]).abs().max().item(),
+            "max_abs_err_triton_vs_fp32": (out["triton"] - exact).abs().max().item(),
+            "max_abs_err_torch_vs_fp32": (out["torch"] - exact).abs().max().item(),
+        }
+        if compiled_block is not None:
+            again = compiled_block(paths["triton"], qkv, k.clone(), v.clone(), ctx).float()
+            entry["max_abs_diff_compiled_vs_eager_triton"] = (again - out["triton"]).abs().max().item()
+        entry["ok"] = entry["max_abs_err_triton_vs_fp32"] <= max(2 * entry["max_abs_err_torch_vs_fp32"], 1e-4)
+        results[f"batch_{batch}"] = entry
+        print(f"decode attention check batch {batch}: {entry}", flush=True)
+    return results
 
 
 def bench_ours(engine: LLMEngine, args, device: torch.device, vocab: int) -> dict:
@@ -330,15 +375,23 @@ def main() -> None:
         cuda_graphs=not args.no_cuda_graphs,
         compile=args.compile,
         max_top_k=max(args.top_k, 64),
+        decode_attention=args.decode_attention,
     )
     build_s = time.perf_counter() - start
+    check = {}
+    if engine.runner.decode_attention == "triton" and device.type == "cuda":
+        check = decode_attention_check(engine.runner, args.compile)
     ours = bench_ours(engine, args, device, vocab)
     if args.profile and device.type == "cuda" and engine.runner.graphs:
         try:
             ours["profile"] = profile_decode(engine, args)
         except Exception as error:  # the benchmark itself is kept
             ours["profile"] = {"error": f"{type(error).__name__}: {error}"}
-    runner_info = {"decode_graphs": len(engine.runner.graphs), "kv_buckets": engine.runner.kv_lengths}
+    runner_info = {
+        "decode_graphs": len(engine.runner.graphs),
+        "kv_buckets": engine.runner.kv_lengths,
+        "decode_attention_used": engine.runner.decode_attention,
+    }
     del engine
     hf_results = bench_hf(hf, args, device, vocab) if hf is not None else {}
     del hf
@@ -362,6 +415,7 @@ def main() -> None:
             "graphs_captured": device.type == "cuda" and not args.no_cuda_graphs,
         }
         | runner_info,
+        "decode_attention_check": check,
         "ours": ours,
         "transformers_generate": hf_results,
         "targets": TARGETS,

@@ -59,6 +59,7 @@ class LLMEngine:
         compile: bool = False,
         max_top_k: int = 1024,
         max_prefill_tokens: int = 8192,
+        decode_attention: str = "auto",
     ) -> LLMEngine:
         model = load_pretrained(model_dir, device, dtype)
         return cls.from_model(
@@ -69,6 +70,7 @@ class LLMEngine:
             compile=compile,
             max_top_k=max_top_k,
             max_prefill_tokens=max_prefill_tokens,
+            decode_attention=decode_attention,
         )
 
     def add_request(

@@ -10,6 +10,10 @@ nor is attended to, and the logits are those of each row's last real position. A
 (`fresh`) attends to its own keys and values rather than reading them back from the cache, and may name its
 cache rows with a tensor, so that one CUDA graph serves every slot.
 
+A decode step (one token per row, reading the cache) may instead take the fused Triton kernel of
+`tritontts.llm.decode_attention` (`LayerShape.decode_attention`), which reads each row's first
+`Context.lengths` keys straight from the cache buffers.
+
 A layer is the pure function `decoder_layer(weights, x, delta, ...)`: it adds the previous layer's output
 `delta` to the residual stream before its input norm (fused residual + RMSNorm under torch.compile) and
 returns the stream and its own MLP output, so that one compiled layer serves all layers of the model.
@@ -75,6 +79,7 @@ class LayerShape:
     kv_heads: int
     head_dim: int
     eps: float
+    decode_attention: str = "torch"  # "triton": decode steps (one query per row) use the fused kernel
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,21 @@ class Context:
     rows: torch.Tensor  # [B, 1] cache rows written
     slots: slice | None  # cache rows read (None for a fresh prefill)
     real: torch.Tensor | None  # [B, L, 1, 1] for right-padded prompts
+    lengths: torch.Tensor | None = None  # [B] keys each row sees: set for the fused decode attention
+
+
+def decode_lengths(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """`[B]` keys a decode row at `positions [B, 1]` sees within `kv_len`: the complement of its mask."""
+    return (positions[:, 0] + 1).clamp(max=kv_len)
+
+
+def fused_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: Context
+) -> torch.Tensor:
+    """The Triton kernel of `tritontts.llm.decode_attention` (imported by whoever chose it): row b attends
+    to the first `ctx.lengths[b]` keys of its cache row, read in place."""
+    keys, values = k_cache[ctx.slots], v_cache[ctx.slots]
+    return torch.ops.tritontts.decode_attention(q, keys, values, ctx.lengths, q.shape[-1] ** -0.5)
 
 
 def attention_block(
@@ -113,6 +133,9 @@ def attention_block(
         new_v = torch.where(ctx.real, v, v_cache[ctx.rows, :, ctx.positions])
     k_cache[ctx.rows, :, ctx.positions] = new_k
     v_cache[ctx.rows, :, ctx.positions] = new_v
+    fused = shape.decode_attention == "triton" and ctx.lengths is not None and ctx.slots is not None
+    if fused and length == 1:  # a decode step
+        return fused_decode_attention(q.view(batch, heads, dim), k_cache, v_cache, ctx).view(batch, 1, -1)
     if ctx.slots is None:  # a fresh prefill: its keys are all there is (padding is masked)
         keys, values = k.transpose(1, 2), v.transpose(1, 2)
     else:

@@ -17,16 +17,50 @@ eager forwards (several when their padded size passes `max_prefill_tokens`). Pad
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import importlib
 import itertools
+import os
 from dataclasses import dataclass
 
 import torch
 
 from tritontts.llm.kv_cache import KVCache
-from tritontts.llm.model import Qwen2ForCausalLM, decoder_layer
+from tritontts.llm.model import Qwen2ForCausalLM, decode_lengths, decoder_layer
 from tritontts.llm.sampling import sample
 from tritontts.llm.sequence import SamplingParams
 from tritontts.llm.slot_state import SlotState
+
+DECODE_ATTENTION = ("auto", "torch", "triton")
+
+
+def decode_attention_problem(device: torch.device, head_dim: int) -> str | None:
+    """Why the Triton decode attention cannot run on `device` (None: it can, and its op is registered).
+    Off CUDA it runs only under Triton's CPU interpreter (TRITON_INTERPRET=1, for tests)."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return f"needs a CUDA device, not {device}"
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return f"needs a power-of-two head_dim of at least 16, not {head_dim}"
+    try:
+        importlib.import_module("tritontts.llm.decode_attention")
+    except ImportError as error:
+        return f"needs the triton package ({error})"
+    return None
+
+
+def resolve_decode_attention(choice: str, device: torch.device, head_dim: int = 64) -> str:
+    """The setting `decode_attention` as the path decode steps take: "auto" is "triton" (the fused kernel) on
+    CUDA when triton imports, else "torch"; "triton" raises where the kernel cannot run."""
+    if choice not in DECODE_ATTENTION:
+        raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, got {choice!r}")
+    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+        return "torch"
+    problem = decode_attention_problem(device, head_dim)
+    if problem is None:
+        return "triton"
+    if choice == "auto":
+        return "torch"
+    raise ValueError(f"decode_attention='triton' {problem}")
 
 
 def prefill_chunks(lengths: list[int], max_tokens: int) -> list[int]:
@@ -88,10 +122,12 @@ class ModelRunner:
         max_prefill_tokens: int = 8192,
         kv_lengths: list[int] | None = None,
         prefill_lengths: list[int] | None = None,
+        decode_attention: str = "auto",
     ):
         """`kv_lengths`: key-length buckets of decode (default `kv_buckets`). `prefill_lengths`: padded
         prompt lengths prefilled one prompt at a time (default `prefill_buckets` where CUDA graphs are
-        captured, none elsewhere; pass some on CPU to run the same padded path eagerly)."""
+        captured, none elsewhere; pass some on CPU to run the same padded path eagerly).
+        `decode_attention`: "auto", "torch" or "triton" (see `resolve_decode_attention`)."""
         self.model = model
         self.device = model.model.embed_tokens.weight.device
         self.dtype = model.model.embed_tokens.weight.dtype
@@ -105,7 +141,8 @@ class ModelRunner:
         self.rope_tables = (model.rope_typed, model.index)
         self.cache = KVCache(config, max_batch_size, max_seq_len, self.device, self.dtype)
         self.state = SlotState(max_batch_size, config.vocab_size, self.device)
-        self.shape = model.layer_shape
+        self.decode_attention = resolve_decode_attention(decode_attention, self.device, config.head_dim)
+        self.shape = dataclasses.replace(model.layer_shape, decode_attention=self.decode_attention)
         self.weights = [tuple(w.detach() for w in layer.weights()) for layer in model.model.layers]
         self.buckets = (
             sorted({b for b in graph_batch_sizes if b < max_batch_size} | {max_batch_size})
@@ -271,6 +308,8 @@ class ModelRunner:
         state = self.state
         tokens, positions = state.last_token[:batch].unsqueeze(1), state.position[:batch].unsqueeze(1)
         ctx = self.model.context(tokens, positions, slice(0, batch), kv_len)
+        if self.decode_attention == "triton":
+            ctx = dataclasses.replace(ctx, lengths=decode_lengths(positions, kv_len))
         if self.compiled:
             torch._dynamo.maybe_mark_dynamic(ctx.blocked, 3)  # one compiled layer for every key length
         x, delta = self.model.model.embed_tokens(tokens), None

@@ -80,6 +80,7 @@ class TritonPythonModel:
             max_seq_len=model_param(config, "max_seq_len", int, default=2560),
             cuda_graphs=model_param(config, "cuda_graphs", bool, default=True),
             compile=model_param(config, "compile", bool, default=False),
+            decode_attention=model_param(config, "decode_attention", default="auto"),
         )
         self.engine.start()
         self.gauges = EngineGauges(pb_utils, args["model_name"], self.engine)

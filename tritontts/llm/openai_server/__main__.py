@@ -29,6 +29,12 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=2560)
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    p.add_argument(
+        "--decode-attention",
+        choices=("auto", "triton", "torch"),
+        default="auto",
+        help="decode steps' attention: the fused Triton kernel (auto: on CUDA) or the torch path",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -44,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_seq_len=args.max_seq_len,
         cuda_graphs=args.cuda_graphs,
         compile=args.compile,
+        decode_attention=args.decode_attention,
     )
     served = ServedModel.from_model_dir(engine, args.model_dir, args.served_model_name)
     uvicorn.run(create_app(served), host=args.host, port=args.port, log_level=args.log_level)

@@ -1,0 +1,166 @@
+"""The fused Triton decode attention (run on CPU by Triton's interpreter) against the torch path, and the
+engine setting `decode_attention` that picks it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tritontts.llm.model as model_module
+from tritontts.llm.config import Qwen2Config
+from tritontts.llm.engine import LLMEngine
+from tritontts.llm.loader import build_model
+from tritontts.llm.model import attention, attention_block, decode_lengths
+from tritontts.llm.runner import resolve_decode_attention
+from tritontts.llm.sequence import SamplingParams
+from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
+
+VOCAB = 1000
+CPU = torch.device("cpu")
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = Qwen2Config.from_dict(qwen2_config("tiny", vocab_size=VOCAB))
+    return build_model(
+        config, qwen2_state_dict("tiny", seed=3, vocab_size=VOCAB), "cpu", torch.float32, "synthetic"
+    )
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    """The kernel, run by Triton's CPU interpreter: TRITON_INTERPRET=1 must be set before triton is first
+    imported and while kernels run, so these tests run in a process started with it (see the test below)."""
+    if not IN_INTERPRETER:
+        pytest.skip("runs in the TRITON_INTERPRET=1 process of test_kernels_under_the_triton_interpreter")
+    pytest.importorskip("triton")
+    return importlib.import_module("tritontts.llm.decode_attention").decode_attention
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="this process is the interpreter's")
+def test_kernels_under_the_triton_interpreter():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", __file__]
+    env = os.environ | {"TRITON_INTERPRET": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
+
+
+def reference(q, k_cache, v_cache, lengths, slot_start):
+    """The torch path's attention in fp32 over the first lengths[b] keys of cache row slot_start + b."""
+    batch, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    rows = slice(slot_start, slot_start + batch)
+    blocked = (torch.arange(k_cache.shape[2]) >= lengths.view(-1, 1, 1)).unsqueeze(1)
+    q = q.float().view(batch, kv_heads, heads // kv_heads, dim)
+    out = attention(q, k_cache[rows].float(), v_cache[rows].float(), blocked)
+    return out.reshape(batch, heads * dim)
+
+
+def random_inputs(lengths, dtype, max_len=320, heads=14, kv_heads=2, dim=64, slot_start=1, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    slots = slot_start + len(lengths) + 1
+    q = torch.randn(len(lengths), heads, dim, generator=gen).to(dtype)
+    k = torch.randn(slots, kv_heads, max_len, dim, generator=gen).to(dtype)
+    v = torch.randn(slots, kv_heads, max_len, dim, generator=gen).to(dtype)
+    return q, k, v, torch.tensor(lengths)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("max_len", [320, 64], ids=["splits", "one_split"])
+def test_kernel_equals_the_torch_attention(interpreter, dtype, max_len):
+    lengths = [1, 17, 64, 300] if max_len > 64 else [1, 17, 40, 64]
+    q, k, v, key_lengths = random_inputs(lengths, dtype, max_len)
+    out = interpreter(q, k[1:5], v[1:5], key_lengths, q.shape[-1] ** -0.5)
+    expected = reference(q, k, v, key_lengths, 1)
+    assert out.dtype == dtype and out.shape == (len(lengths), 14 * 64)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+    if dtype != torch.float32:  # as close to fp32 as the torch path in the same dtype
+        torch_path = attention(
+            q.view(4, 2, 7, 64),
+            k[1:5],
+            v[1:5],
+            (torch.arange(max_len) >= key_lengths.view(-1, 1, 1))[:, None],
+        )
+        torch_error = (torch_path.reshape(4, -1).float() - expected).abs().max()
+        assert (out.float() - expected).abs().max() <= 2 * torch_error
+
+
+def test_kernel_with_longer_splits_of_a_big_batch(interpreter):
+    lengths = [1 + (37 * i) % 200 for i in range(64)]  # 64 rows x 2 KV heads: splits of 128 keys
+    q, k, v, key_lengths = random_inputs(lengths, torch.float32, max_len=200, slot_start=0)
+    out = interpreter(q, k[:64], v[:64], key_lengths, 0.125)
+    torch.testing.assert_close(out, reference(q, k, v, key_lengths, 0), atol=2e-5, rtol=0)
+
+
+def test_attention_block_dispatch_equals_the_torch_path(interpreter, model):
+    shape = model.layer_shape
+    torch.manual_seed(0)
+    batch, max_len = 3, 96
+    model.init_rope(max_len)
+    qkv = torch.randn(batch, 1, (shape.heads + 2 * shape.kv_heads) * shape.head_dim)
+    positions = torch.tensor([[0], [33], [70]])
+    ctx = model.context(torch.zeros(batch, 1, dtype=torch.int64), positions, slice(0, batch), 64)
+    ctx = dataclasses.replace(ctx, lengths=decode_lengths(positions, 64))  # row 2 sees keys 0..63 only
+    outputs, caches = [], []
+    for path in ("torch", "triton"):
+        gen = torch.Generator().manual_seed(1)
+        k, v = (torch.randn(4, shape.kv_heads, max_len, shape.head_dim, generator=gen) for _ in "kv")
+        layer = dataclasses.replace(shape, decode_attention=path)
+        outputs.append(attention_block(layer, qkv, k, v, ctx))
+        caches.append((k, v))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=2e-5, rtol=0)
+    assert all(torch.equal(a, b) for a, b in zip(*caches))
+
+
+def test_engine_with_the_kernel_gives_the_torch_tokens(interpreter, model, monkeypatch):
+    prompts = [[5, 17, 912, 33, 4, 250, 251, 7, 99, 640, 3], [8, 9], [100, 200, 300, 400, 500]]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    fused, calls = model_module.fused_decode_attention, []
+    monkeypatch.setattr(model_module, "fused_decode_attention", lambda *a: calls.append(1) or fused(*a))
+    tokens = {}
+    for path in ("torch", "triton"):
+        engine = LLMEngine.from_model(
+            model, max_batch_size=3, max_seq_len=96, max_top_k=VOCAB, decode_attention=path
+        )
+        assert engine.runner.shape.decode_attention == path
+        tokens[path] = engine.generate(prompts, params)
+        assert bool(calls) == (path == "triton")
+    assert tokens["triton"] == tokens["torch"]
+
+
+def test_auto_picks_torch_on_cpu(monkeypatch, model):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert resolve_decode_attention("auto", CPU) == "torch"
+    assert resolve_decode_attention("torch", torch.device("cuda")) == "torch"
+    engine = LLMEngine.from_model(model, max_batch_size=1, max_seq_len=64, cuda_graphs=False)
+    assert engine.runner.decode_attention == "torch"
+    assert engine.runner.shape.decode_attention == "torch"
+
+
+def test_triton_where_it_cannot_run_is_refused(monkeypatch, model):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="decode_attention='triton' needs a CUDA device"):
+        resolve_decode_attention("triton", CPU)
+    with pytest.raises(ValueError, match="decode_attention='triton'"):
+        LLMEngine.from_model(model, max_batch_size=1, max_seq_len=64, decode_attention="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, "tritontts.llm.decode_attention", None)  # as if triton were absent
+    with pytest.raises(ValueError, match="decode_attention='triton' needs the triton package"):
+        resolve_decode_attention("triton", CPU)
+    assert resolve_decode_attention("auto", torch.device("cuda")) == "torch"
+    with pytest.raises(ValueError, match="decode_attention='triton' needs a power-of-two head_dim"):
+        resolve_decode_attention("triton", CPU, head_dim=80)
+    with pytest.raises(ValueError, match="decode_attention must be one of"):
+        resolve_decode_attention("flash", CPU)
