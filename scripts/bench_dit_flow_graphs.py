@@ -24,15 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from tritontts.bench.offline_timing import median_ms
 
 PROMPT_TOKENS = 75  # 3 s at 25 tokens/s
 CHUNK_TOKENS = 25
@@ -48,26 +47,6 @@ def write_flow_and_hift(folder: Path, preset: str) -> Path:
     write_flow(folder, preset, seed=0)
     write_hift(folder, preset, seed=0)
     return folder
-
-
-def median_ms(
-    call: Callable[[], object], reps: int, device: torch.device, setup: Callable[[], object] | None = None
-) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times = []
-    for rep in range(reps + 3):  # 3 warm-ups
-        if setup is not None:
-            setup()
-        sync()
-        start = time.perf_counter()
-        call()
-        sync()
-        if rep >= 3:
-            times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from tritontts.bench.offline_timing import median_ms
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.cuda_graphs import FlowGraphConfig
@@ -48,19 +48,6 @@ def write_full_token2wav(folder: Path) -> Path:
     write_flow(folder, "full", seed=0)
     write_hift(folder, "full", seed=0)
     return folder
-
-
-def median_ms(call: Callable[[], object], reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
 
 
 class StageClock:

@@ -11,31 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from tritontts.bench.offline_timing import median_ms
 from tritontts.shape_graphs import ShapeGraphs
 
 MEL_FRAMES = (42, 100, 186, 400)
-
-
-def median_ms(call: Callable[[], object], reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
 
 
 def compare(
