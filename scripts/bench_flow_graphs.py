@@ -193,9 +193,11 @@ def main() -> int:
     graphed = flow.graphed_decoder
     t2w.hift.use_cuda_graphs()
     hift_graphs = (t2w.hift.f0_graphs, t2w.hift.decode_graphs)
+    encoder_graphs = flow.encoder_graphs
 
     def use_graphs(decoder) -> None:
         flow.graphed_decoder = decoder
+        flow.encoder_graphs = encoder_graphs if decoder is not None else None
         t2w.hift.f0_graphs, t2w.hift.decode_graphs = hift_graphs if decoder is not None else (None, None)
 
     result: dict = {
@@ -289,8 +291,9 @@ def main() -> int:
         result["eager"]["first_chunk_ms"] / result["graphed"]["first_chunk_ms"], 2
     )
     result["graph_calls"] = dict(graphed.calls)
-    result["hift_graph_calls"] = {
-        g.name: {"captured": g.captured, "replays": g.replays, "eager": g.eager_calls} for g in hift_graphs
+    result["shape_graph_calls"] = {
+        g.name: {"captured": g.captured, "replays": g.replays, "eager": g.eager_calls}
+        for g in (*hift_graphs, encoder_graphs)
     }
     if args.compile_frames:
         result["compiled_estimator"] = compile_rows(t2w, args.compile_frames, dtype, args.reps)

@@ -3,7 +3,8 @@ every input frame (no padding to buckets): the vocoders, whose streamed chunks r
 
 A shape is captured the `min_uses`-th time it is seen (so one-off lengths, such as the last chunk of each
 stream, stay eager), into one memory pool; the least recently used graph is dropped past `max_graphs`, and no
-new shape is captured once the pool has grown by `memory_limit_mib`."""
+new shape is captured once the pool has grown by `memory_limit_mib`. A call whose capture fails runs eagerly
+from then on."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class ShapeGraphs:
         self._capture = capture
         self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
         self._seen: Counter[Hashable] = Counter()
+        self._uncapturable: set[Hashable] = set()
         self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else ()
         self._base = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
         self.replays = 0
@@ -71,10 +73,16 @@ class ShapeGraphs:
         entry = self._graphs.get(key)
         if entry is None:
             self._seen[key] += 1
-            if self._seen[key] < self.config.min_uses or not self._room():
+            if self._seen[key] < self.config.min_uses or key in self._uncapturable or not self._room():
                 self.eager_calls += 1
                 return self.fn(*tensors, **options)
-            entry = self._record(key, tensors, options)
+            try:
+                entry = self._record(key, tensors, options)
+            except Exception as err:  # a call that cannot be captured stays eager
+                log.warning("%s: %s not captured (%s); it runs eagerly", self.name, key[0], err)
+                self._uncapturable.add(key)
+                self.eager_calls += 1
+                return self.fn(*tensors, **options)
         self._graphs.move_to_end(key)
         for static, value in zip(entry.inputs, tensors):
             static.copy_(value)

@@ -19,6 +19,7 @@ from tritontts.cosyvoice2.flow.estimator import Estimator
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.flow.masks import valid_mask
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
+from tritontts.shape_graphs import ShapeGraphConfig, ShapeGraphs
 
 FLOW_FILE = "flow.pt"
 
@@ -34,6 +35,7 @@ class Flow(nn.Module):
         self.build_encoder(config)
         self.decoder = CausalCFM(config.cfm, self.build_estimator(config), config.output_size)
         self.graphed_decoder: GraphedCFM | None = None
+        self.encoder_graphs: ShapeGraphs | None = None
 
     def build_encoder(self, config: FlowConfig) -> None:
         """The modules `encode` uses, registered between the speaker layer and the decoder (state_dict order)."""
@@ -44,10 +46,14 @@ class Flow(nn.Module):
         return Estimator(config.estimator)
 
     def use_cuda_graphs(self, config: FlowGraphConfig | None = None) -> CaptureReport:
-        """Run the decoder's Euler loop from CUDA graphs from now on (see `graphs.py`); capture them now."""
+        """Run the decoder's Euler loop from CUDA graphs from now on (see `graphs.py`); capture them now. The
+        encoder (its length is the prompt's plus the target's) replays graphs of the lengths seen before."""
         graphed = GraphedCFM(self.decoder, self.config.cfm.n_timesteps, config)
         report = graphed.capture()
         self.graphed_decoder = graphed
+        device = self.spk_embed_affine_layer.weight.device
+        encoder_graphs = ShapeGraphConfig(max_graphs=64, memory_limit_mib=512)
+        self.encoder_graphs = ShapeGraphs(self._encode_call, device, encoder_graphs, "flow encoder")
         return report
 
     @torch.inference_mode()
@@ -125,15 +131,16 @@ class Flow(nn.Module):
         pad = valid_mask(tokens_len, tokens.size(1)).transpose(1, 2).to(dtype)
         x = self.input_embedding(torch.clamp(tokens, min=0)) * pad
 
+        encode = self.encoder_graphs or self._encode_call
         if finalize:
-            h = self.encode(x, tokens_len, None, streaming)
+            h = encode(x, tokens_len, streaming=streaming)
         else:
             lookahead = self.pre_lookahead_len
             if x.size(1) <= lookahead:
                 raise ValueError(
                     f"without finalize, more than {lookahead} tokens are needed, got {x.size(1)}"
                 )
-            h = self.encode(x[:, :-lookahead], tokens_len, x[:, -lookahead:], streaming)
+            h = encode(x[:, :-lookahead], tokens_len, x[:, -lookahead:], streaming=streaming)
         prompt_frames = prompt_feat.size(1)
         total_frames = h.size(1)
         if total_frames <= prompt_frames:
@@ -142,6 +149,9 @@ class Flow(nn.Module):
         cond = torch.zeros(1, self.config.output_size, total_frames, device=device, dtype=dtype)
         cond[:, :, :prompt_frames] = prompt_feat.to(device, dtype).transpose(1, 2)
         return FlowConditions(mu, spks, cond, prompt_frames, streaming)
+
+    def _encode_call(self, x: Tensor, tokens_len: Tensor, *context: Tensor, streaming: bool) -> Tensor:
+        return self.encode(x, tokens_len, context[0] if context else None, streaming)
 
     def encode(self, x: Tensor, tokens_len: Tensor, context: Tensor | None, streaming: bool) -> Tensor:
         """Token embeddings `[1, N, input_size]` (+ `context`, the look-ahead tokens after them) → the decoder's
