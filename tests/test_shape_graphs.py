@@ -93,6 +93,20 @@ def test_a_call_that_cannot_be_captured_stays_eager():
     assert (graphs.captured, graphs.eager_calls) == (0, 3)
 
 
+def test_no_new_shape_is_captured_once_captures_reserved_the_limit():
+    graphs = make(lambda x: x + 1, min_uses=1, memory_limit_mib=1)
+    # each reading is 1 MiB above the last: a capture reserves 1 MiB
+    reserved = iter(range(0, 100 * 2**20, 2**20))
+    graphs._reserved = lambda: next(reserved)
+    graphs(torch.zeros(1))
+    graphs(torch.zeros(2))
+    assert graphs.captured == 2 and graphs.captured_bytes == 2 * 2**20
+    graphs(torch.zeros(3))
+    assert graphs.captured == 2 and graphs.eager_calls == 1
+    graphs(torch.zeros(1))
+    assert graphs.replays == 3, "graphs already captured still replay"
+
+
 def test_cuda_capture_needs_a_cuda_device():
     with pytest.raises(ValueError, match="CUDA"):
         ShapeGraphs(lambda x: x, torch.device("cpu"))

@@ -3,7 +3,8 @@ every input frame (no padding to buckets): the vocoders, whose streamed chunks r
 
 A shape is captured the `min_uses`-th time it is seen (so one-off lengths, such as the last chunk of each
 stream, stay eager), into one memory pool; the least recently used graph is dropped past `max_graphs`, and no
-new shape is captured once the pool has grown by `memory_limit_mib`. A call whose capture fails runs eagerly
+new shape is captured once the captures have reserved `memory_limit_mib` (the device memory reserved while
+capturing, summed; a dropped graph's memory stays in the pool for the next captures). A call whose capture fails runs eagerly
 from then on."""
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class ShapeGraphs:
         self._seen: Counter[Hashable] = Counter()
         self._uncapturable: set[Hashable] = set()
         self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else ()
-        self._base = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+        self.captured_bytes = 0
         self.replays = 0
         self.eager_calls = 0
         self.capture_seconds = 0.0
@@ -92,13 +93,13 @@ class ShapeGraphs:
         return outputs[0] if entry.single else outputs
 
     def _room(self) -> bool:
-        if self.device.type != "cuda":
-            return True
-        grown = (torch.cuda.memory_reserved(self.device) - self._base) / 2**20
-        return grown <= self.config.memory_limit_mib
+        return self.captured_bytes <= self.config.memory_limit_mib * 2**20
+
+    def _reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
 
     def _record(self, key: Hashable, tensors: tuple[Tensor, ...], options: dict) -> _Graph:
-        started = time.perf_counter()
+        started, reserved = time.perf_counter(), self._reserved()
         inputs = tuple(t.clone() for t in tensors)
         single = False
 
@@ -109,6 +110,7 @@ class ShapeGraphs:
             return (out,) if single else tuple(out)
 
         graph, outputs = self._capture(run, self.device, self._pool)
+        self.captured_bytes += max(0, self._reserved() - reserved)
         entry = _Graph(graph, inputs, outputs, single)
         self._graphs[key] = entry
         del self._seen[key]
