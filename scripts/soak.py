@@ -37,6 +37,12 @@ def get_parser() -> argparse.ArgumentParser:
         help="duration of Spark-TTS streaming at concurrency 4 (scenario 8, the stub race's regression test)",
     )
     p.add_argument(
+        "--memory-requests",
+        type=int,
+        default=96,
+        help="requests of each kind whose tritonserver memory is read (scenario 9)",
+    )
+    p.add_argument(
         "--hostile-per-target", type=int, default=120, help="malformed tensor requests per model and protocol"
     )
     p.add_argument("--hostile-api", type=int, default=300, help="malformed speech-API requests")
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         "TRITONTTS_SOAK_SECONDS": str(args.seconds),
         "TRITONTTS_SOAK_VANISHING": str(args.vanishing),
         "TRITONTTS_SOAK_STRESS_SECONDS": str(args.stress_seconds),
+        "TRITONTTS_SOAK_MEMORY_REQUESTS": str(args.memory_requests),
         "TRITONTTS_SOAK_HOSTILE_PER_TARGET": str(args.hostile_per_target),
         "TRITONTTS_SOAK_HOSTILE_API": str(args.hostile_api),
         "TRITONTTS_SOAK_OVERLOAD_ROUNDS": str(args.overload_rounds),
