@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from tritontts.cosyvoice2.token2wav import StreamChunk, StreamSchedule
+from tritontts.cosyvoice2.tokens import SPEECH_TOKEN_COUNT
 
 log = logging.getLogger(__name__)
 
-SPEECH_VOCAB = 6561
 WARMUP_TOKENS = 250  # 10 s of speech: the first four chunks of the exponential schedule, then a final one
 
 
@@ -35,7 +35,7 @@ def warm_up_streams(
     started = time.perf_counter()
     generator = torch.Generator().manual_seed(0)
     for round_index in range(rounds):
-        target = torch.randint(0, SPEECH_VOCAB, (1, tokens), generator=generator, dtype=torch.int32)
+        target = torch.randint(0, SPEECH_TOKEN_COUNT, (1, tokens), generator=generator, dtype=torch.int32)
         stream_id = f"warm-up-{round_index}"
         for chunk in schedule.plan(tokens):
             result = run_many([make_call(target[:, : chunk.token_end], chunk, stream_id)])[0]
