@@ -143,6 +143,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("speaker_embedding_instance_num", "1"),
         ("use_spk2info_cache", "false"),
         ("max_new_tokens", "auto"),
+        ("llm_decode_attention", "auto"),
     ):
         assert f"\n  --{option} [{default}]" in done.stdout
 
@@ -159,6 +160,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         (["--use_spk2info_cache", "true"], "needs --model cosyvoice2"),
         (["--model", "cosyvoice2", "--token2wav_instance_num", "0"], "--token2wav_instance_num must be"),
         (["--model", "cosyvoice2", "--cuda_mps", "on"], "--cuda_mps must be true or false"),
+        (["--model", "cosyvoice2", "--llm_decode_attention", "flash"], "--llm_decode_attention must be"),
     ],
 )
 def test_bad_cosyvoice2_options_exit_2_with_one_line(tmp_path, options, message):
@@ -223,7 +225,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     command += ["--llm_backend", backend, "--exp_dir", str(cosyvoice2_exp), "--python", sys.executable]
     command += ["--dynamic_chunk_strategy", "fixed", "--token_hop_len", "20", "--token2wav_dtype", "float16"]
     command += ["--token2wav_cuda_graphs", "false", "--token2wav_graph_batch_sizes", "1,3"]
-    command += ["--token2wav_instance_num", "2"]
+    command += ["--token2wav_instance_num", "2", "--llm_decode_attention", "torch"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parsed = _parse_repo(cosyvoice2_exp / "cosyvoice2" / f"model_repo_{backend}_{mode}")
@@ -262,6 +264,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         assert _parameters(parsed[name])["model_dir"] == bls["model_dir"]
     if backend == "torch":
         assert _parameters(parsed["tensorrt_llm"])["model_dir"] == bls["llm_tokenizer_dir"]
+        assert _parameters(parsed["tensorrt_llm"])["decode_attention"] == "torch"
 
 
 def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(tmp_path, bench_data):
