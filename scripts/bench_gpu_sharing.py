@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""The CosyVoice2 token2wav first chunk alone and beside an LLM that decodes on the same GPU, as a streamed
+request meets it in Triton (the LLM goes on decoding the request while token2wav makes its first chunk).
+
+    python scripts/bench_gpu_sharing.py [--arms alone,llm,llm_below_normal,llm_sm50] [--stream-priority high]
+
+Each arm other than `alone` starts this script again as `--role llm` in a child process: the full-size
+synthetic Qwen2 LLM (random weights, bf16, CUDA graphs) decoding one request after another at batch 1, with
+the arm's environment (MPS client priority, MPS active-thread percentage: only MPS reads them, so run the
+script under a running MPS daemon to test them). Meanwhile the parent times the first streamed chunk (15 + 3
+look-ahead tokens after a --prompt-tokens prompt) through `Token2Wav.stream` with the flow decoder, encoder and
+HiFT replayed from CUDA graphs (captured and replayed on a stream of --stream-priority). The child's decode
+steps per second, alone and beside token2wav, say what the LLM pays. Writes one JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ARM_ENVIRONMENTS = {
+    "alone": None,
+    "llm": {},
+    "llm_below_normal": {"CUDA_MPS_CLIENT_PRIORITY": "1"},
+    "llm_sm50": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"},
+    "llm_sm25": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"},
+    "llm_below_normal_sm50": {"CUDA_MPS_CLIENT_PRIORITY": "1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"},
+}
+PROMPT_TOKENS = 75
+FIRST_CHUNK_TOKENS = 15 + 3
+LLM_VOCAB = 158_000
+
+
+def run_llm() -> int:
+    """Decode at batch 1 until SIGTERM; prints `ready` after the first steps, then steps per second."""
+    from tritontts.llm.config import Qwen2Config
+    from tritontts.llm.engine import LLMEngine
+    from tritontts.llm.loader import build_model
+    from tritontts.llm.sequence import SamplingParams
+    from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    raw = qwen2_config("full", vocab_size=LLM_VOCAB, dtype=dtype)
+    state = qwen2_state_dict("full", seed=0, vocab_size=LLM_VOCAB, dtype=dtype)
+    model = build_model(Qwen2Config.from_dict(raw), state, device, dtype, source="synthetic")
+    engine = LLMEngine.from_model(model, max_batch_size=1, max_seq_len=2560)
+    params = SamplingParams(max_tokens=2000, temperature=0.8, top_k=50, top_p=0.95, seed=0)
+    prompt = torch.randint(0, LLM_VOCAB, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    steps, stop, marks = 0, [], []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    signal.signal(signal.SIGUSR1, lambda *_: marks.append((steps, time.perf_counter())))
+    while not stop:
+        if not engine.has_work():
+            engine.add_request(prompt, params)
+        engine.step()
+        steps += 1
+        if steps == 50:
+            torch.cuda.synchronize()
+            marks.append((steps, time.perf_counter()))
+            print("ready", flush=True)
+    (s0, t0), (s1, t1), (s2, t2) = marks[:3]
+    rates = {
+        "decode_steps_per_s_alone": (s1 - s0) / (t1 - t0),
+        "decode_steps_per_s_shared": (s2 - s1) / (t2 - t1),
+    }
+    print(json.dumps({k: round(v, 1) for k, v in rates.items()}), flush=True)
+    return 0
+
+
+def start_llm(overrides: dict[str, str]) -> subprocess.Popen:
+    env = os.environ | overrides
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--role", "llm"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    line = child.stdout.readline()
+    if line.strip() != "ready":
+        child.kill()
+        raise RuntimeError(f"the LLM process did not start decoding: {line!r}")
+    time.sleep(2.0)
+    child.send_signal(signal.SIGUSR1)  # its rate alone ends, its rate beside token2wav starts
+    return child
+
+
+def stop_llm(child: subprocess.Popen) -> dict:
+    child.send_signal(signal.SIGUSR1)
+    time.sleep(0.1)
+    child.send_signal(signal.SIGTERM)
+    out, _ = child.communicate(timeout=60)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def build_token2wav(prompt_tokens: int, priority: str):
+    from tritontts.cosyvoice2.token2wav import Token2Wav
+    from tritontts.cuda_graphs import FlowGraphConfig
+    from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
+    from tritontts.synthetic.cosyvoice2_hift import write_hift
+
+    device = torch.device("cuda")
+    if priority == "high":  # PyTorch maps a priority past the device's range to its highest
+        torch.cuda.set_stream(torch.cuda.Stream(device, priority=-100))
+    folder = Path(tempfile.mkdtemp())
+    write_cosyvoice2_yaml(folder, "full")
+    write_flow(folder, "full", seed=0)
+    write_hift(folder, "full", seed=0)
+    t2w = Token2Wav.from_model_dir(folder, device=device, dtype=torch.float16, seed=0)
+    t2w.flow.use_cuda_graphs(FlowGraphConfig(batch_sizes=(1,), streaming=(True,)))
+    t2w.hift.use_cuda_graphs()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    prompt = torch.randint(0, 6561, (1, prompt_tokens), device=device, generator=gen, dtype=torch.int32)
+    feat = torch.randn(1, 2 * prompt_tokens, 80, device=device, generator=gen)
+    embedding = torch.randn(1, 192, device=device, generator=gen)
+    first = torch.randint(0, 6561, (1, FIRST_CHUNK_TOKENS), device=device, generator=gen, dtype=torch.int32)
+
+    @torch.inference_mode()
+    def first_chunk() -> None:
+        t2w.stream("bench", first, prompt, feat, embedding, 0, False)
+        t2w.close("bench")
+        torch.cuda.synchronize()
+
+    return first_chunk
+
+
+def time_calls(call, reps: int) -> dict:
+    for _ in range(3):
+        call()
+    ms = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        ms.append(1e3 * (time.perf_counter() - start))
+    ms.sort()
+    return {
+        "first_chunk_ms_median": round(statistics.median(ms), 2),
+        "first_chunk_ms_p90": round(ms[int(0.9 * (len(ms) - 1))], 2),
+        "first_chunk_ms_min": round(ms[0], 2),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["bench", "llm"], default="bench")
+    parser.add_argument(
+        "--arms", default="alone,llm", help=f"comma-separated of {', '.join(ARM_ENVIRONMENTS)}"
+    )
+    parser.add_argument("--stream-priority", choices=["high", "normal"], default="normal")
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("gpu_sharing.json"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    if args.role == "llm":
+        return run_llm()
+    arms = args.arms.split(",")
+    unknown = [arm for arm in arms if arm not in ARM_ENVIRONMENTS]
+    if unknown:
+        parser.error(f"--arms: unknown {unknown}")
+    first_chunk = build_token2wav(args.prompt_tokens, args.stream_priority)
+    result: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+        "stream_priority": args.stream_priority,
+        "prompt_tokens": args.prompt_tokens,
+        "arms": {},
+    }
+    for arm in arms:
+        overrides = ARM_ENVIRONMENTS[arm]
+        child = None if overrides is None else start_llm(overrides)
+        row = {"llm_environment": overrides, **time_calls(first_chunk, args.reps)}
+        if child is not None:
+            row |= stop_llm(child)
+        result["arms"][arm] = row
+        print(arm, row, flush=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
