@@ -116,39 +116,45 @@ def run_streams(t2w: Token2Wav, streams: int, prompt_tokens, prompt_feat, embedd
     }
 
 
-def compile_rows(t2w: Token2Wav, frames_list: list[int], dtype: torch.dtype, reps: int) -> list[dict]:
-    """The estimator compiled by torch.compile (inductor, static shapes) inside the same graph, against the plain
-    one: a streaming batch-1 graph per frame count, the time to compile and capture it, and the mel difference."""
+def compile_rows(
+    t2w: Token2Wav, frames_list: list[int], dtype: torch.dtype, reps: int, dynamic: bool = False
+) -> list[dict]:
+    """The estimator compiled by torch.compile (inductor) inside the same graphs, against the plain one: a
+    streaming batch-1 graph per frame count, the time to compile and capture, and the mel difference. Static:
+    one compilation per frame count; dynamic: one compilation with symbolic sizes, captured at every count."""
     cfm, steps = t2w.flow.decoder, t2w.flow.config.cfm.n_timesteps
     plain = cfm.estimator
+    groups = [tuple(frames_list)] if dynamic else [(frames,) for frames in frames_list]
     rows = []
-    for frames in frames_list:
-        config = FlowGraphConfig(buckets=(frames,), batch_sizes=(1,), streaming=(True,))
-        inputs = decoder_inputs(1, frames, dtype)
+    for buckets in groups:
+        config = FlowGraphConfig(buckets=tuple(sorted(buckets)), batch_sizes=(1,), streaming=(True,))
         with torch.inference_mode():
             base = GraphedCFM(cfm, steps, config)
             base.capture()
-            base_mel = base(*inputs, steps, True).clone()
-            base_ms = median_ms(lambda g=base, x=inputs: g(*x, steps, True), reps)
             torch._dynamo.reset()
-            cfm.estimator = torch.compile(plain, dynamic=False)
+            cfm.estimator = torch.compile(plain, dynamic=dynamic)
             start = time.perf_counter()
             compiled = GraphedCFM(cfm, steps, config)
             compiled.capture()
             warmup_s = time.perf_counter() - start
-            mel = compiled(*inputs, steps, True)
-            compiled_ms = median_ms(lambda g=compiled, x=inputs: g(*x, steps, True), reps)
             cfm.estimator = plain
-        row = {
-            "frames": frames,
-            "graphed_ms": round(base_ms, 2),
-            "graphed_compiled_ms": round(compiled_ms, 2),
-            "speedup": round(base_ms / compiled_ms, 2),
-            "compile_and_capture_s": round(warmup_s, 1),
-            "max_abs_diff": float((mel - base_mel).abs().max()),
-        }
-        rows.append(row)
-        print(row, flush=True)
+            for frames in buckets:
+                inputs = decoder_inputs(1, frames, dtype)
+                base_mel = base(*inputs, steps, True).clone()
+                base_ms = median_ms(lambda g=base, x=inputs: g(*x, steps, True), reps)
+                mel = compiled(*inputs, steps, True)
+                compiled_ms = median_ms(lambda g=compiled, x=inputs: g(*x, steps, True), reps)
+                row = {
+                    "frames": frames,
+                    "dynamic": dynamic,
+                    "graphed_ms": round(base_ms, 2),
+                    "graphed_compiled_ms": round(compiled_ms, 2),
+                    "speedup": round(base_ms / compiled_ms, 2),
+                    ("compile_and_capture_all_s" if dynamic else "compile_and_capture_s"): round(warmup_s, 1),
+                    "max_abs_diff": float((mel - base_mel).abs().max()),
+                }
+                rows.append(row)
+                print(row, flush=True)
     return rows
 
 
@@ -169,6 +175,11 @@ def main() -> int:
         help="also time the estimator under torch.compile at these padded frame counts (about a minute each)",
     )
     parser.add_argument("--compile-only", action="store_true", help="only the --compile-frames comparison")
+    parser.add_argument(
+        "--compile-dynamic",
+        action="store_true",
+        help="compile once with dynamic sizes for all --compile-frames",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
@@ -183,7 +194,9 @@ def main() -> int:
             "torch": torch.__version__,
             "command": " ".join(sys.argv),
             "flow_dtype": str(dtype),
-            "compiled_estimator": compile_rows(t2w, args.compile_frames, dtype, args.reps),
+            "compiled_estimator": compile_rows(
+                t2w, args.compile_frames, dtype, args.reps, args.compile_dynamic
+            ),
         }
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         return 0
@@ -296,7 +309,9 @@ def main() -> int:
         for g in (*hift_graphs, encoder_graphs)
     }
     if args.compile_frames:
-        result["compiled_estimator"] = compile_rows(t2w, args.compile_frames, dtype, args.reps)
+        result["compiled_estimator"] = compile_rows(
+            t2w, args.compile_frames, dtype, args.reps, args.compile_dynamic
+        )
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return 0

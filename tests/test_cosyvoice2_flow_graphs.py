@@ -223,3 +223,38 @@ def test_deployment_parameters() -> None:
         flow_graph_config("true", "1", cpu)
     with pytest.raises(ValueError, match="cuda_graph_batch_sizes"):
         flow_graph_config("true", "1;2", gpu)
+
+
+def test_flow_compile_parameter() -> None:
+    gpu = torch.device("cuda")
+    assert flow_graph_config("auto", "1", gpu).compile is False
+    assert flow_graph_config("auto", "1", gpu, "true").compile is True
+    assert flow_graph_config("auto", "1", gpu, "auto").compile is True
+    assert (
+        flow_graph_config("auto", "1", torch.device("cpu"), "auto") is None
+    )  # no graphs, nothing to compile
+    with pytest.raises(ValueError, match="flow_compile true needs the flow's CUDA graphs"):
+        flow_graph_config("false", "1", gpu, "true")
+    with pytest.raises(ValueError, match="flow_compile must be auto, true or false"):
+        flow_graph_config("auto", "1", gpu, "yes")
+
+
+def test_graphs_capture_the_compiled_estimator_and_eager_calls_keep_the_plain_one(flow: Flow) -> None:
+    graphed = GraphedCFM(flow.decoder, STEPS, FlowGraphConfig(buckets=(64,), compile=True))
+    assert isinstance(graphed.captured_estimator, torch._dynamo.eval_frame.OptimizedModule)
+    assert graphed.captured_estimator._orig_mod is flow.decoder.estimator
+    assert GraphedCFM(flow.decoder, STEPS, FlowGraphConfig(buckets=(64,))).captured_estimator is None
+    seen = []
+
+    def counting(*args):
+        seen.append(args[0].shape)
+        return flow.decoder.estimator(*args)
+
+    mu, mask, spks, cond = _inputs(40, seed=1)
+    with torch.inference_mode():
+        guided = flow.decoder.guided_inputs(mu, mask, spks, cond)
+        x = flow.decoder.start(1, 40, mu.dtype)
+        through = flow.decoder.solve(x, *guided, STEPS, True, counting)
+        plain = flow.decoder.solve(x, *guided, STEPS, True)
+    assert len(seen) == STEPS and seen[0] == (2, 80, 40)
+    torch.testing.assert_close(through, plain, rtol=0, atol=0)

@@ -84,6 +84,9 @@ def test_stages_2_and_7_fill_repositories_for_both_llm_placements(tmp_path):
         assert parsed["cosyvoice3"].model_transaction_policy.decoupled
         assert parsed["token2wav"].instance_group[0].count == 2  # stateless: streaming takes several
         assert _parameters(parsed["vocoder"])["cuda_graphs"] == "auto"  # as the flow's token2wav_cuda_graphs
+        assert (
+            _parameters(parsed["token2wav"])["flow_compile"] == "auto"
+        )  # cosyvoice3 compiles its DiT where it has graphs
         assert _parameters(parsed["audio_tokenizer"])["tokenizer_file"] == "speech_tokenizer_v3.onnx"
         for name in MODELS - {"cosyvoice3"}:
             assert _parameters(parsed[name])["model_dir"] == bls["model_dir"]

@@ -144,6 +144,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("use_spk2info_cache", "false"),
         ("max_new_tokens", "auto"),
         ("llm_decode_attention", "auto"),
+        ("token2wav_compile", "auto"),
     ):
         assert f"\n  --{option} [{default}]" in done.stdout
 
@@ -161,6 +162,10 @@ def test_help_lists_the_cosyvoice2_knobs():
         (["--model", "cosyvoice2", "--token2wav_instance_num", "0"], "--token2wav_instance_num must be"),
         (["--model", "cosyvoice2", "--cuda_mps", "on"], "--cuda_mps must be true or false"),
         (["--model", "cosyvoice2", "--llm_decode_attention", "flash"], "--llm_decode_attention must be"),
+        (
+            ["--model", "cosyvoice2", "--token2wav_compile", "yes"],
+            "--token2wav_compile must be auto, true or false",
+        ),
     ],
 )
 def test_bad_cosyvoice2_options_exit_2_with_one_line(tmp_path, options, message):
@@ -225,7 +230,14 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     command += ["--llm_backend", backend, "--exp_dir", str(cosyvoice2_exp), "--python", sys.executable]
     command += ["--dynamic_chunk_strategy", "fixed", "--token_hop_len", "20", "--token2wav_dtype", "float16"]
     command += ["--token2wav_cuda_graphs", "false", "--token2wav_graph_batch_sizes", "1,3"]
-    command += ["--token2wav_instance_num", "2", "--llm_decode_attention", "torch"]
+    command += [
+        "--token2wav_instance_num",
+        "2",
+        "--llm_decode_attention",
+        "torch",
+        "--token2wav_compile",
+        "true",
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parsed = _parse_repo(cosyvoice2_exp / "cosyvoice2" / f"model_repo_{backend}_{mode}")
@@ -256,6 +268,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         "false",
         "1,3",
     )
+    assert token2wav["flow_compile"] == "true"
     assert len(parsed["token2wav"].instance_group) == 1 and parsed["token2wav"].instance_group[0].count == 2
     # streams stay on the instance that holds their state: the sequence batcher routes them (offline: no state)
     assert parsed["token2wav"].HasField("sequence_batching") is (mode == "streaming")

@@ -101,6 +101,9 @@ class FlowGraphConfig:
     batch_sizes: tuple[int, ...] = (1,)
     streaming: tuple[bool, ...] = (False, True)
     memory_limit_mib: int = 4096
+    compile: bool = False
+    """Capture the estimator compiled by torch.compile (inductor, sizes dynamic: one compilation for every
+    bucket, minutes at load, kept in inductor's on-disk cache) instead of eager."""
 
     def __post_init__(self) -> None:
         check_buckets("buckets", self.buckets)
@@ -120,9 +123,18 @@ def graphs_wanted(switch: str, device: torch.device) -> bool:
     return switch == "true" or (switch == "auto" and device.type == "cuda")
 
 
-def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> FlowGraphConfig | None:
-    """A deployment's `cuda_graphs` (auto: on for CUDA) and `cuda_graph_batch_sizes` ("1,2,4,8") parameters."""
+def flow_graph_config(
+    switch: str, batch_sizes: str, device: torch.device, compile: str = "false"
+) -> FlowGraphConfig | None:
+    """A deployment's `cuda_graphs` (auto: on for CUDA), `cuda_graph_batch_sizes` ("1,2,4,8") and `flow_compile`
+    (auto: where there are graphs; true: graphs required) parameters."""
+    if compile not in ("auto", "true", "false"):
+        raise ValueError(f"flow_compile must be auto, true or false, got {compile!r}")
     if not graphs_wanted(switch, device):
+        if compile == "true":
+            raise ValueError(
+                "flow_compile true needs the flow's CUDA graphs (cuda_graphs auto or true on CUDA)"
+            )
         return None
     try:
         sizes = tuple(sorted({int(b) for b in batch_sizes.split(",")}))
@@ -130,4 +142,4 @@ def flow_graph_config(switch: str, batch_sizes: str, device: torch.device) -> Fl
         raise ValueError(
             f"cuda_graph_batch_sizes must be comma-separated integers, got {batch_sizes!r}"
         ) from None
-    return FlowGraphConfig(batch_sizes=sizes)
+    return FlowGraphConfig(batch_sizes=sizes, compile=compile != "false")

@@ -29,7 +29,12 @@ def flow_placement(
     sizes = default_batch_sizes
     if batch_sizes_param:
         sizes = model_param(config, "cuda_graph_batch_sizes", default=default_batch_sizes)
-    return device, dtype, flow_graph_config(model_param(config, "cuda_graphs", default="auto"), sizes, device)
+    compile = model_param(config, "flow_compile", default="false")
+    return (
+        device,
+        dtype,
+        flow_graph_config(model_param(config, "cuda_graphs", default="auto"), sizes, device, compile),
+    )
 
 
 def execute_batched(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -67,10 +68,11 @@ class CausalCFM(nn.Module):
         cond_in: Tensor,
         n_timesteps: int,
         streaming: bool = False,
+        estimator: Callable[..., Tensor] | None = None,
     ) -> Tensor:
         """The Euler loop from x [B, 80, T] over the guided inputs [2B, ...] → mel [B, 80, T] fp32.
 
-        Each step runs the estimator on the conditioned and unconditioned rows as one batch and mixes
+        Each step runs the estimator (`estimator`: another callable of the same weights, e.g. compiled) on the conditioned and unconditioned rows as one batch and mixes
         them: (1 + r) * v_cond - r * v_uncond. Only tensor operations: a CUDA graph can capture it whole.
         """
         dtype = spks_in.dtype
@@ -79,7 +81,7 @@ class CausalCFM(nn.Module):
         t, dt = t_span[:1], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
             x_in = torch.cat([x, x]).to(dtype)
-            velocity = self.estimator(
+            velocity = (self.estimator if estimator is None else estimator)(
                 x_in, mask_in, mu_in, t.expand(x_in.size(0)).to(dtype), spks_in, cond_in, streaming
             )
             conditioned, unconditioned = velocity.chunk(2)

@@ -5,6 +5,8 @@ convolutions, masked resampling and key-masked attention leave the valid frames 
 inputs into that graph's static buffers, replays it and copies the valid frames out. Longer calls, other batch
 sizes and CPU models run eagerly. Graphs share one memory pool, so their activations cost about what the largest
 needs; `capture` goes from the smallest up and stops adding graphs once the pool passes `memory_limit_mib`.
+With `compile`, the graphs hold the estimator as torch.compile made it (fewer, fused kernels); calls that run
+eagerly keep the plain one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class GraphedCFM:
         self.device = cfm.rand_noise.device
         self.dtype = next(cfm.estimator.parameters()).dtype
         self._graphs: dict[tuple[bool, int, int], _Graph] = {}
+        self.captured_estimator = torch.compile(cfm.estimator, dynamic=True) if self.config.compile else None
         self.calls = {"graph": 0, "padded": 0, "eager": 0}
 
     @property
@@ -63,7 +66,9 @@ class GraphedCFM:
         )
 
     def _solve(self, g: _Graph, streaming: bool) -> Tensor:
-        return self.cfm.solve(g.x, g.mu, g.mask, g.spks, g.cond, self.n_timesteps, streaming)
+        return self.cfm.solve(
+            g.x, g.mu, g.mask, g.spks, g.cond, self.n_timesteps, streaming, self.captured_estimator
+        )
 
     @torch.inference_mode()
     def capture(self) -> CaptureReport:
