@@ -91,7 +91,7 @@ def capture_within_limit(
     return report
 
 
-DEFAULT_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536)
+DEFAULT_BUCKETS = (128, 192, 256, 320, 384, 448, 512, 576, 640, 768, 1024, 1536)
 
 
 @dataclass(frozen=True)
