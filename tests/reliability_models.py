@@ -271,20 +271,50 @@ def wait_engine_idle(server, model: str, timeout: float = 60.0) -> dict[str, flo
         time.sleep(0.5)
 
 
-def rss_bytes(server_pid: int) -> dict[str, int]:
-    """Resident memory of tritonserver and of each of its python-backend stubs (by instance name)."""
+RESIDENT_PARTS = {"total": "VmRSS", "anon": "RssAnon", "file": "RssFile", "shmem": "RssShmem"}
+"""VmRSS = RssAnon + RssFile + RssShmem (/proc/PID/status). RssAnon: private heap, malloc arenas and stacks.
+RssFile: paged-in mapped files (binaries, libraries), bounded by their sizes. RssShmem: touched pages of the python
+backend's shared-memory pools (each stub's /dev/shm/triton_python_backend_shm_region_*, mapped into tritonserver
+too), bounded by the pools' sizes while no pool grows (shm_pool_bytes)."""
+
+
+def resident_parts(server_pid: int) -> dict[str, dict[str, int]]:
+    """Resident bytes of tritonserver and of each stub (by instance name), by part (RESIDENT_PARTS' keys)."""
     from tritontts.triton.stubs import list_stubs
 
-    def rss(pid: int) -> int:
+    def parts(pid: int) -> dict[str, int]:
+        fields = {}
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                key, _, value = line.partition(":")
+                fields[key] = value
         except OSError:
             pass
-        return 0
+        return {
+            part: int(fields[key].split()[0]) * 1024 if key in fields else 0
+            for part, key in RESIDENT_PARTS.items()
+        }
 
-    return {"tritonserver": rss(server_pid)} | {s.instance: rss(s.pid) for s in list_stubs(server_pid)}
+    return {"tritonserver": parts(server_pid)} | {s.instance: parts(s.pid) for s in list_stubs(server_pid)}
+
+
+def rss_bytes(server_pid: int, part: str = "total") -> dict[str, int]:
+    """Resident memory (VmRSS, or one of RESIDENT_PARTS) of tritonserver and of each of its stubs."""
+    return {name: parts[part] for name, parts in resident_parts(server_pid).items()}
+
+
+def shm_pool_bytes(server_pid: int) -> dict[str, int]:
+    """The size of each stub's shared-memory pool (by instance name): the python backend grows a full pool by
+    shm-growth-byte-size, so a pool larger than it started holds more than the traffic's peak ever needed."""
+    from tritontts.triton.stubs import list_stubs
+
+    sizes = {}
+    for stub in list_stubs(server_pid):
+        try:
+            sizes[stub.instance] = Path("/dev/shm", stub.shm_region).stat().st_size
+        except (OSError, ValueError):
+            pass
+    return sizes
 
 
 def knob(name: str, default: float) -> float:

@@ -1,11 +1,12 @@
 """Scenario 9 of the reliability suite: where tritonserver's own memory goes, per kind of request.
 
-What must hold: offline requests over one reused gRPC client leave tritonserver's resident memory within 10% of
-its level after a warm-up (a few requests of every kind first: the server's one-time growth comes with whichever
-kind runs first). What is recorded besides (no bound: tritonserver 2.51's behaviour, not ours): the KB
-per request that stay with tritonserver for offline requests over a new client each, completed streams and
-cancelled streams (each from its own client, as the suite's other scenarios send them). CI: 12 requests of each
-kind at concurrency 4; scripts/soak.py: `--memory-requests`.
+What must hold: offline requests over one reused gRPC client leave tritonserver's resident memory (VmRSS) within
+10% of its level after a warm-up (a few requests of every kind first: the server's
+one-time growth comes with whichever kind runs first). What is recorded besides (no bound: tritonserver 2.51's
+behaviour, not ours): the KiB per request that stay with tritonserver and with each stub, by part (total VmRSS,
+RssAnon, RssFile, RssShmem), for offline requests over a new client each, completed streams and cancelled
+streams (each from its own client, as the suite's other scenarios send them). CI: 12 requests of each kind at
+concurrency 4; scripts/soak.py: `--memory-requests`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from reliability_models import (
     read_outcome,
     record,
     reference_fixture,
-    rss_bytes,
+    resident_parts,
     spark_arrays,
 )
 from triton_stream import Stream, make_inputs
@@ -76,13 +77,9 @@ def test_tritonserver_memory_per_request_kind(server, reference):
         for send in kinds.values():  # the server's one-time growth (buffers, arenas) before any level is read
             run_kind(server, send, WARMUP)
         for name, send in kinds.items():
-            level = rss_bytes(server.server.pid)["tritonserver"]
+            level = resident_parts(server.server.pid)
             after = run_kind(server, send, requests)
-            figures[name] = {
-                "level_mib": round(level / 2**20, 1),
-                "after_mib": round(after / 2**20, 1),
-                "kib_per_request": round((after - level) / 1024 / requests, 1),
-            }
+            figures[name] = per_request(level, after, requests)
     finally:
         shared.close()
     record("tritonserver_memory_per_request", requests=requests, concurrency=CONCURRENCY, kinds=figures)
@@ -90,9 +87,30 @@ def test_tritonserver_memory_per_request_kind(server, reference):
     assert reused["after_mib"] <= reused["level_mib"] * (1 + SLACK), reused
 
 
-def run_kind(server, send: Callable[[], None], count: int) -> int:
-    """Send `count` requests at CONCURRENCY; tritonserver's resident bytes once they have settled."""
+def run_kind(server, send: Callable[[], None], count: int) -> dict[str, dict[str, int]]:
+    """Send `count` requests at CONCURRENCY; the resident bytes by process and part once they have settled."""
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         list(pool.map(lambda _: send(), range(count)))
     time.sleep(2)
-    return rss_bytes(server.server.pid)["tritonserver"]
+    return resident_parts(server.server.pid)
+
+
+def per_request(level: dict[str, dict[str, int]], after: dict[str, dict[str, int]], requests: int) -> dict:
+    """tritonserver's total and private anonymous MiB before and after, and the KiB per request that stayed
+    with each process, by part."""
+    server_level, server_after = level["tritonserver"], after["tritonserver"]
+    kib = {
+        process: {
+            part: round((after[process][part] - was) / 1024 / requests, 1) for part, was in parts.items()
+        }
+        for process, parts in level.items()
+        if process in after
+    }
+    return {
+        "level_mib": round(server_level["total"] / 2**20, 1),
+        "after_mib": round(server_after["total"] / 2**20, 1),
+        "kib_per_request": kib["tritonserver"]["total"],
+        "level_anon_mib": round(server_level["anon"] / 2**20, 1),
+        "after_anon_mib": round(server_after["anon"] / 2**20, 1),
+        "kib_per_request_by_part": kib,
+    }

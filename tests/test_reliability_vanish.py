@@ -28,7 +28,7 @@ from reliability_models import (
     read_outcome,
     record,
     reference_fixture,
-    rss_bytes,
+    resident_parts,
     spark_arrays,
     speech_api,
     wait_engine_idle,
@@ -99,7 +99,7 @@ def test_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(server, 
     with ThreadPoolExecutor(AT_ONCE) as pool:
         list(pool.map(one, range(warmup)))
         wait_engine_idle(server.server, LLM_STREAM)
-        level = rss_bytes(server.server.pid)
+        level_parts = resident_parts(server.server.pid)
         done = list(pool.map(one, range(warmup, warmup + VANISHING)))
     assert len(done) == VANISHING
 
@@ -110,7 +110,8 @@ def test_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(server, 
 
     outcome = read_outcome(Stream(server.grpc_url, SPARK_STREAM, spark_arrays(reference), ["waveform"]), 120)
     assert outcome[0] == "ok", outcome
-    after = rss_bytes(server.server.pid)
+    after_parts = resident_parts(server.server.pid)
+    level, after = ({k: v["total"] for k, v in parts.items()} for parts in (level_parts, after_parts))
     grown = {
         k: (level[k], after[k]) for k in level if k in after and after[k] > level[k] * (1 + MEMORY_SLACK)
     }
@@ -122,5 +123,10 @@ def test_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(server, 
         api=plans[warmup:].count("api"),
         engine_after=idle,
         rss_growth={k: round(after[k] / level[k] - 1, 4) for k in level if k in after and level[k]},
+        rss_mib_change_by_part={
+            k: {part: round((after_parts[k][part] - b) / 2**20, 2) for part, b in parts.items()}
+            for k, parts in level_parts.items()
+            if k in after_parts
+        },
     )
     assert grown == {}, f"resident memory grew by more than {MEMORY_SLACK:.0%}: {grown}"
