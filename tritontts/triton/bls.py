@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ import numpy as np
 from tritontts.triton.llm_contract import OUTPUT_NAMES, generated_tokens, llm_request_inputs
 from tritontts.triton.stub_objects import hold_until_stub_done
 from tritontts.triton.stubs import callee_monitor
+
+log = logging.getLogger(__name__)
 
 
 class ModelCallError(RuntimeError):
@@ -74,9 +77,12 @@ def stream_model(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Every response of a request to a decoupled model (or the one response of a plain one).
 
-    Closing the generator before the end cancels the request where the python backend supports it, then reads
-    the responses still coming up to the final one: the stub frees a stream's responses only once they have all
-    been read, so an unread rest would stay in its memory for good (one per client that went away).
+    Closing the generator before the end (a client that cancelled) cancels the request where the python backend
+    can (r24.11 on: the response iterator's `cancel()`), then always reads the responses still coming up to the
+    final one, here and now: the stub frees a stream's responses (and the parent its payload) only once they have
+    all been read. The stub of tritonserver 2.51 (r24.10) has no `cancel()`, so there the callee runs to its end
+    and this waits for it; an abandoned iterator instead kept every late response of every cancelled stream in the
+    stub's shared-memory pool and heap (the pool grew with each cancelled stream).
     """
     if not decoupled:
         yield call_model(pb_utils, model, inputs, outputs)
@@ -95,10 +101,20 @@ def stream_model(
                     yield _outputs(pb_utils, model, response, outputs)
             finished = True
         finally:
-            if not finished and hasattr(responses, "cancel"):
-                responses.cancel()
-                for _ in responses:
-                    pass
+            if not finished:
+                drain(responses, model)
+
+
+def drain(responses: Any, model: str) -> None:
+    """Cancel an abandoned decoupled call where the stub can, and read its responses to the final one."""
+    cancel = getattr(responses, "cancel", None)  # python_backend r24.11 on; absent from 2.51's stub
+    try:
+        if cancel is not None:
+            cancel()
+        for _ in responses:
+            pass
+    except Exception:  # never hide why the stream ended; the rest is the stub's to free
+        log.exception("%s: reading the responses of an abandoned call failed", model)
 
 
 def generate_tokens(
