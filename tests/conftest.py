@@ -124,6 +124,17 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         extra_args=("--metrics-config=histogram_latencies=true",),
     )
     server = TritonServer(config)
+    start_with_server_threads(server)
+    try:
+        server.wait_ready(timeout=120)
+        yield RunningTriton(server=server, repo=repo)
+    finally:
+        server.stop(grace_s=15)
+        kill_leftover_stubs(repo)
+
+
+def start_with_server_threads(server: TritonServer) -> None:
+    """Start `server` with OMP_NUM_THREADS at SERVER_TORCH_THREADS for it and its stubs, then restore ours."""
     threads = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(SERVER_TORCH_THREADS)
     try:
@@ -133,12 +144,6 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             os.environ.pop("OMP_NUM_THREADS")
         else:
             os.environ["OMP_NUM_THREADS"] = threads
-    try:
-        server.wait_ready(timeout=120)
-        yield RunningTriton(server=server, repo=repo)
-    finally:
-        server.stop(grace_s=15)
-        kill_leftover_stubs(repo)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

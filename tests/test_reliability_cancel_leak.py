@@ -16,12 +16,11 @@ grows (`shm_pool_bytes`) within a few dozen streams instead of hiding in the def
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import build_repository
+from conftest import build_repository, start_with_server_threads
 from leftover_stubs import kill_leftover_stubs
 from reliability_models import (
     LLM_STREAM,
@@ -38,7 +37,6 @@ from reliability_models import (
     spark_arrays,
     wait_engine_idle,
 )
-from tolerance import SERVER_TORCH_THREADS
 from triton_stream import Stream
 
 from tritontts.triton.bls import stream_model
@@ -75,15 +73,7 @@ def small_pool_server(tmp_path_factory):
         extra_args=tuple(f"--load-model={m}" for m in (TOKENIZER, VOCODER, LLM_STREAM, SPARK_STREAM)),
     )
     server = TritonServer(config)
-    threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(SERVER_TORCH_THREADS)
-    try:
-        server.start()
-    finally:
-        if threads is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = threads
+    start_with_server_threads(server)
     try:
         server.wait_ready(timeout=180)
         yield server
