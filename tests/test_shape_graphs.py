@@ -131,31 +131,3 @@ def test_istft_equals_torch_istft(dtype, frames):
     assert got.shape == expected.shape
     tolerance = 1e-6 if dtype == torch.float32 else 1e-12
     assert torch.allclose(got, expected, atol=tolerance, rtol=0)
-
-
-def test_the_flow_encoder_through_shape_graphs_gives_the_eager_conditions(tmp_path):
-    from tritontts.cosyvoice2.config import load_cosyvoice2_config
-    from tritontts.cosyvoice2.flow import load_flow
-    from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
-
-    write_cosyvoice2_yaml(tmp_path, "tiny")
-    write_flow(tmp_path, "tiny", seed=0)
-    flow = load_flow(tmp_path, load_cosyvoice2_config(tmp_path / "cosyvoice2.yaml"), "cpu", torch.float32)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, 6561, (1, 12), generator=gen)
-    request = dict(
-        token=torch.randint(0, 6561, (1, 18), generator=gen),
-        token_len=torch.tensor([18]),
-        prompt_token=prompt,
-        prompt_token_len=torch.tensor([12]),
-        prompt_feat=torch.randn(1, 24, 80, generator=gen),
-        embedding=torch.randn(1, 192, generator=gen),
-    )
-    with torch.inference_mode():
-        eager = [flow.conditions(**request, streaming=True, finalize=f) for f in (False, True)]
-        flow.encoder_graphs = make(flow._encode_call, min_uses=1)
-        graphed = [flow.conditions(**request, streaming=True, finalize=f) for f in (False, True)]
-        graphed_again = [flow.conditions(**request, streaming=True, finalize=f) for f in (False, True)]
-    assert flow.encoder_graphs.captured == 2 and flow.encoder_graphs.replays == 4
-    for a, b, c in zip(eager, graphed, graphed_again):
-        assert torch.allclose(a.mu, b.mu, atol=1e-6) and torch.allclose(a.mu, c.mu, atol=1e-6)

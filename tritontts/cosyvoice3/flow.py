@@ -3,7 +3,7 @@
 CosyVoice2's `Flow` minus the conformer encoder: the token embeddings (80 wide) go through a pre-lookahead
 layer (80 → 1024 → 80) and are repeated `token_mel_ratio` times to make the decoder's mu. The decoder is
 CosyVoice2's `CausalCFM` around our `DiT`. Flow3 gives CosyVoice2's `Flow` only those three parts
-(`build_encoder`, `build_estimator`, `encode`); `conditions`, `decode`, `inference_many` and `use_cuda_graphs`
+(`build_encoder`, `build_estimator`, `encode`, `encode_padded`); `conditions`, `decode`, `inference_many` and `use_cuda_graphs`
 (batched, graphed Euler loops) and the strict loader are CosyVoice2's.
 """
 
@@ -39,6 +39,11 @@ class Flow3(Flow):
         """No encoder: the pre-lookahead layer (`streaming` changes nothing before the DiT), each token's row
         repeated `token_mel_ratio` times."""
         return self.pre_lookahead_layer(x, context=context).repeat_interleave(self.token_mel_ratio, dim=1)
+
+    def encode_padded(self, x: Tensor, rows: Tensor, out_tokens: Tensor, streaming: bool) -> Tensor:
+        """`encode` of a padded call: rows past `rows` are zero already (the embeddings are masked), and the
+        pre-lookahead layer reads only its next tokens, so the padding reaches no frame before `out_tokens`."""
+        return self.pre_lookahead_layer(x).repeat_interleave(self.token_mel_ratio, dim=1)
 
 
 def load_flow3(

@@ -133,3 +133,17 @@ class UpsampleConformerEncoder(nn.Module):
         x = self.up_embed(x)
         x = self._run_layers(self.up_encoders, x, valid, chunk * self.up_layer.stride)
         return self.after_norm(x), valid
+
+    def forward_padded(self, xs: Tensor, rows: Tensor, out_lens: Tensor, streaming: bool = False) -> Tensor:
+        """`forward` of a batch-1 call padded with rows it never reads: xs [1, L, input_size] holds the tokens
+        and their look-ahead in its first `rows` [1] rows; the first `out_lens` [1] are encoded → [1, stride*L,
+        output_size], equal to `forward`'s output on its first stride*out_lens frames."""
+        chunk = self.config.static_chunk_size if streaming else 0
+        x = self.embed(xs) * valid_mask(rows, xs.size(1)).transpose(1, 2).to(xs.dtype)
+        x = self.pre_lookahead_layer(x)
+        x = self._run_layers(self.encoders, x, valid_mask(out_lens, x.size(1)), chunk)
+        x = self.up_layer(x.transpose(1, 2)).transpose(1, 2)
+        valid = valid_mask(out_lens * self.up_layer.stride, x.size(1))
+        x = self.up_embed(x)
+        x = self._run_layers(self.up_encoders, x, valid, chunk * self.up_layer.stride)
+        return self.after_norm(x)

@@ -15,13 +15,14 @@ from tritontts.checkpoint import build_and_load
 from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, load_cosyvoice2_config
 from tritontts.cosyvoice2.flow.cfm import CausalCFM
 from tritontts.cosyvoice2.flow.encoder import UpsampleConformerEncoder
+from tritontts.cosyvoice2.flow.encoder_graphs import BucketedEncoder
 from tritontts.cosyvoice2.flow.estimator import Estimator
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.flow.masks import valid_mask
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
-from tritontts.shape_graphs import ShapeGraphConfig, ShapeGraphs
 
 FLOW_FILE = "flow.pt"
+ENCODER_MEMORY_LIMIT_MIB = 512
 
 
 class Flow(nn.Module):
@@ -35,7 +36,7 @@ class Flow(nn.Module):
         self.build_encoder(config)
         self.decoder = CausalCFM(config.cfm, self.build_estimator(config), config.output_size)
         self.graphed_decoder: GraphedCFM | None = None
-        self.encoder_graphs: ShapeGraphs | None = None
+        self.encoder_graphs: BucketedEncoder | None = None
 
     def build_encoder(self, config: FlowConfig) -> None:
         """The modules `encode` uses, registered between the speaker layer and the decoder (state_dict order)."""
@@ -46,15 +47,22 @@ class Flow(nn.Module):
         return Estimator(config.estimator)
 
     def use_cuda_graphs(self, config: FlowGraphConfig | None = None) -> CaptureReport:
-        """Run the decoder's Euler loop from CUDA graphs from now on (see `graphs.py`); capture them now. The
-        encoder (its length is the prompt's plus the target's) replays graphs of the lengths seen before."""
+        """Run the decoder's Euler loop (see `graphs.py`) and the encoder (`encoder_graphs.py`: the decoder's
+        buckets in tokens) from CUDA graphs from now on; capture them now. Returns the decoder's report."""
         graphed = GraphedCFM(self.decoder, self.config.cfm.n_timesteps, config)
         report = graphed.capture()
         self.graphed_decoder = graphed
-        device = self.spk_embed_affine_layer.weight.device
-        encoder_graphs = ShapeGraphConfig(max_graphs=64, memory_limit_mib=512)
-        self.encoder_graphs = ShapeGraphs(self._encode_call, device, encoder_graphs, "flow encoder")
+        self.encoder_graphs = self.bucketed_encoder(graphed.config)
+        self.encoder_graphs.capture(ENCODER_MEMORY_LIMIT_MIB, graphed.config.streaming)
         return report
+
+    def bucketed_encoder(self, config: FlowGraphConfig, **capture: Any) -> BucketedEncoder:
+        weight = self.spk_embed_affine_layer.weight
+        buckets = sorted({max(1, frames // self.token_mel_ratio) for frames in config.buckets})
+        width = self.input_embedding.embedding_dim
+        return BucketedEncoder(
+            self.encode_padded, buckets, width, self.token_mel_ratio, weight.device, weight.dtype, **capture
+        )
 
     @torch.inference_mode()
     def inference(
@@ -131,16 +139,14 @@ class Flow(nn.Module):
         pad = valid_mask(tokens_len, tokens.size(1)).transpose(1, 2).to(dtype)
         x = self.input_embedding(torch.clamp(tokens, min=0)) * pad
 
-        encode = self.encoder_graphs or self._encode_call
-        if finalize:
-            h = encode(x, tokens_len, streaming=streaming)
-        else:
-            lookahead = self.pre_lookahead_len
-            if x.size(1) <= lookahead:
-                raise ValueError(
-                    f"without finalize, more than {lookahead} tokens are needed, got {x.size(1)}"
-                )
-            h = encode(x[:, :-lookahead], tokens_len, x[:, -lookahead:], streaming=streaming)
+        lookahead = 0 if finalize else self.pre_lookahead_len
+        if x.size(1) <= lookahead:
+            raise ValueError(f"without finalize, more than {lookahead} tokens are needed, got {x.size(1)}")
+        out_tokens = x.size(1) - lookahead
+        h = self.encoder_graphs(x, out_tokens, streaming) if self.encoder_graphs is not None else None
+        if h is None:
+            context = x[:, out_tokens:] if lookahead else None
+            h = self.encode(x[:, :out_tokens], tokens_len, context, streaming)
         prompt_frames = prompt_feat.size(1)
         total_frames = h.size(1)
         if total_frames <= prompt_frames:
@@ -150,14 +156,16 @@ class Flow(nn.Module):
         cond[:, :, :prompt_frames] = prompt_feat.to(device, dtype).transpose(1, 2)
         return FlowConditions(mu, spks, cond, prompt_frames, streaming)
 
-    def _encode_call(self, x: Tensor, tokens_len: Tensor, *context: Tensor, streaming: bool) -> Tensor:
-        return self.encode(x, tokens_len, context[0] if context else None, streaming)
-
     def encode(self, x: Tensor, tokens_len: Tensor, context: Tensor | None, streaming: bool) -> Tensor:
         """Token embeddings `[1, N, input_size]` (+ `context`, the look-ahead tokens after them) → the decoder's
         mu, time first: `[1, token_mel_ratio * N, output_size]`."""
         h, _ = self.encoder(x, tokens_len, context=context, streaming=streaming)
         return self.encoder_proj(h)
+
+    def encode_padded(self, x: Tensor, rows: Tensor, out_tokens: Tensor, streaming: bool) -> Tensor:
+        """`encode` of a padded call (see `encoder_graphs.py`): x [1, L, input_size] holds the tokens and their
+        look-ahead in its first `rows`; its first token_mel_ratio * out_tokens frames are `encode`'s."""
+        return self.encoder_proj(self.encoder.forward_padded(x, rows, out_tokens, streaming))
 
     def decode(self, conditions: Sequence[FlowConditions]) -> list[Tensor]:
         """The decoder's mel of the target frames, float32 [1, 80, T - prompt_frames] per conditions; one
