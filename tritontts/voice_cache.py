@@ -10,6 +10,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from tritontts.voice_store import VoiceStore
+
 V = TypeVar("V")
 
 
@@ -22,10 +24,13 @@ def audio_key(wav: np.ndarray, sample_rate: int, extra: str = "") -> str:
 
 
 class VoiceCache(Generic[V]):
-    """Thread-safe LRU map from `audio_key` to a value, holding at most `capacity` entries."""
+    """Thread-safe LRU map from `audio_key` to a value, holding at most `capacity` entries; with a `store`, what
+    this process misses is looked up there (the voices the other instances computed) and what it puts is saved
+    there too."""
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, store: VoiceStore[V] | None = None) -> None:
         self.capacity = capacity
+        self.store = store if capacity > 0 else None
         self._items: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
@@ -34,21 +39,32 @@ class VoiceCache(Generic[V]):
     def get(self, key: str) -> V | None:
         with self._lock:
             value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return value
+        value = self.store.load(key) if self.store is not None else None
+        with self._lock:
             if value is None:
                 self.misses += 1
                 return None
-            self._items.move_to_end(key)
             self.hits += 1
+            self._remember(key, value)
             return value
 
     def put(self, key: str, value: V) -> None:
         if self.capacity <= 0:
             return
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            self._remember(key, value)
+        if self.store is not None:
+            self.store.save(key, value)
+
+    def _remember(self, key: str, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
 
     def get_or_compute(self, key: str, compute: Callable[[], V]) -> tuple[V, bool]:
         """The cached value and True, or `compute()` (then cached) and False."""

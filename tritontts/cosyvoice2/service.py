@@ -46,6 +46,7 @@ from tritontts.spark.service import RequestLimits
 from tritontts.stage_timer import StageTimer
 from tritontts.triton.params import RequestError
 from tritontts.voice_cache import VoiceCache, audio_key
+from tritontts.voice_store import VoiceStore
 
 SAMPLE_RATE = 24000
 TOKEN_RATE = 25
@@ -87,6 +88,7 @@ class CosyVoice2Service:
         generate_chat: GenerateChat | None = None,
         flow_prompt: bool = True,
         prompt_mel: MatchaMelConfig = PROMPT_MEL,
+        voice_store: VoiceStore[Voice] | None = None,
     ) -> None:
         self.prompter = prompter
         self.tokenize = tokenize
@@ -98,7 +100,7 @@ class CosyVoice2Service:
         self.sampling = sampling
         self.schedule = schedule or StreamSchedule()
         self.limits = limits or RequestLimits()
-        self.voices: VoiceCache[Voice] = VoiceCache(voice_cache_size)
+        self.voices: VoiceCache[Voice] = VoiceCache(voice_cache_size, voice_store)
         self.flow_prompt = flow_prompt
         self.prompt_mel = prompt_mel
 

@@ -75,6 +75,7 @@ class CosyVoice3Bls(CosyVoiceBlsBase):
             self.voice_cache_size,
             generate_chat=None if self.llm_http is None else self._generate_chat,
             prompt_mel=load_cosyvoice3_config(model_dir).prompt_mel,
+            voice_store=self.voice_store,
         )
         self.streams: dict[str, _Stream] = {}
         self.lock = threading.Lock()

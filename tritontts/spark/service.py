@@ -37,6 +37,7 @@ from tritontts.streaming import ChunkSchedule, TokenChunker
 from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import RequestError
 from tritontts.voice_cache import VoiceCache, audio_key
+from tritontts.voice_store import VoiceStore
 
 SAMPLE_RATE = 16000
 TOKEN_RATE = 50
@@ -228,6 +229,7 @@ class SparkTTSService:
         schedule: ChunkSchedule | None = None,
         limits: RequestLimits = RequestLimits(),
         voice_cache_size: int = 256,
+        voice_store: VoiceStore[VoiceTokens] | None = None,
     ) -> None:
         self.prompter = prompter
         self.tokenize_voice = tokenize_voice
@@ -236,7 +238,7 @@ class SparkTTSService:
         self.sampling = sampling or SamplingParams()
         self.schedule = schedule or ChunkSchedule.from_durations(1.0, 30.0, 8.0, 0.1, TOKEN_RATE)
         self.limits = limits
-        self.voices: VoiceCache[VoiceTokens] = VoiceCache(voice_cache_size)
+        self.voices: VoiceCache[VoiceTokens] = VoiceCache(voice_cache_size, voice_store)
 
     def voice(self, wav: np.ndarray) -> VoiceTokens:
         key = audio_key(wav, SAMPLE_RATE, "spark_tts")

@@ -55,6 +55,7 @@ from tritontts.triton.voice_profile_io import (
     wants_profile,
 )
 from tritontts.voice_profile import KIND_ARRAYS, VoiceProfile
+from tritontts.voice_store import voice_store
 
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm")
 
@@ -98,6 +99,12 @@ class CosyVoiceBlsBase:
             role: model_param(config, f"{role}_model", default=name) for role, name in leaves.items()
         }
         self.voice_cache_size = model_param(config, "voice_cache_size", int, default=256)
+        self.voice_store = voice_store(
+            model_param(config, "voice_cache_dir", default="auto"),
+            args["model_name"],
+            Voice,
+            self.voice_cache_size,
+        )
         return config
 
     def _start(self, pb_utils: Any, args: dict[str, Any], config: dict[str, Any]) -> None:
@@ -238,6 +245,7 @@ class CosyVoice2Bls(CosyVoiceBlsBase):
             self.voice_cache_size,
             generate_chat=None if self.llm_http is None else self.llm_http.generate,
             flow_prompt=not dit,
+            voice_store=self.voice_store,
         )
         self._start(pb_utils, args, config)
 

@@ -42,6 +42,7 @@ from tritontts.triton.voice_profile_io import (
     wants_profile,
 )
 from tritontts.voice_profile import VoiceProfile
+from tritontts.voice_store import voice_store
 
 
 class TritonPythonModel:
@@ -66,6 +67,7 @@ class TritonPythonModel:
         self.prompter = SparkPrompter(llm_dir)
         # the audio_tokenizer reads BiCodec/ and wav2vec2 beside LLM/ (the checkpoint's layout)
         self.checkpoint = CheckpointMarker(llm_dir.parent, exclude=[llm_dir])
+        cache_size = model_param(config, "voice_cache_size", int, default=256)
         self.service = SparkTTSService(
             self.prompter,
             self._tokenize_voice,
@@ -74,7 +76,13 @@ class TritonPythonModel:
             SamplingParams(max_tokens=self.max_new_tokens),
             schedule,
             limits,
-            model_param(config, "voice_cache_size", int, default=256),
+            cache_size,
+            voice_store(
+                model_param(config, "voice_cache_dir", default="auto"),
+                args["model_name"],
+                VoiceTokens,
+                cache_size,
+            ),
         )
         self.limits = limits
         self.models = {
