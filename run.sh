@@ -79,6 +79,7 @@ model_device=auto                   # audio tokenizer and vocoder: auto | cuda |
 server_timeout=600                  # seconds stage 3 waits for readiness
 foreground=false                    # stage 3: stay attached to the server (containers)
 server_cpu_threads=auto             # stages 3 and 7: OMP_NUM_THREADS of the servers (torch CPU threads in every python-backend stub); auto: 1 on a GPU host unless --llm_device/--model_device is cpu or OMP_NUM_THREADS is set (H200, a new CosyVoice2 voice: front end 120 -> 45 ms at c=1, 653 -> 41 ms at c=4); 0: leave it to the environment
+server_malloc_arena_max=2           # stages 3 and 7: MALLOC_ARENA_MAX of the servers (glibc malloc arenas of tritonserver and its stubs; glibc's default, 8 per core, let tritonserver's private memory creep up for 30 minutes of traffic); 0: leave it to the environment
 cuda_mps=false                      # stages 3 and 7: start NVIDIA MPS first, so the LLM and token2wav processes share the GPU at once instead of taking turns (H100: CosyVoice3 first chunk 218 -> 176 ms); run.sh stop ends it
 mps_pipe_dir=/tmp/nvidia-mps        # CUDA_MPS_PIPE_DIRECTORY of that daemon (a short path: it holds a unix socket)
 
@@ -198,6 +199,7 @@ case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
 [[ "$server_cpu_threads" =~ ^(auto|[0-9]+)$ ]] || { echo "run.sh: --server_cpu_threads must be auto or a number of threads (0: the environment's)" >&2; exit 2; }
+[[ "$server_malloc_arena_max" =~ ^[0-9]+$ ]] || { echo "run.sh: --server_malloc_arena_max must be a number of arenas (0: the environment's)" >&2; exit 2; }
 if [ "$cuda_mps" = true ] && ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   echo "run.sh: --cuda_mps true needs nvidia-cuda-mps-control (the NVIDIA driver's utilities) on PATH" >&2; exit 2
 fi
@@ -396,6 +398,10 @@ if { [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; } || { [ "$stage" -le 7 ] &&
   if [ "$server_threads" != 0 ]; then
     export OMP_NUM_THREADS=$server_threads
     log "servers run with OMP_NUM_THREADS=$server_threads (--server_cpu_threads)"
+  fi
+  if [ "$server_malloc_arena_max" != 0 ] && [ -z "${MALLOC_ARENA_MAX:-}" ]; then
+    export MALLOC_ARENA_MAX=$server_malloc_arena_max
+    log "servers run with MALLOC_ARENA_MAX=$server_malloc_arena_max (--server_malloc_arena_max)"
   fi
 fi
 log "stages $stage..$stop_stage, mode $mode, model $model, llm_backend $llm_backend, model_dir $model_dir"

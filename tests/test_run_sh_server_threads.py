@@ -1,4 +1,5 @@
-"""run.sh --server_cpu_threads: the OMP_NUM_THREADS stages 3 and 7 give the servers (auto: 1 on a GPU host)."""
+"""run.sh --server_cpu_threads and --server_malloc_arena_max: the OMP_NUM_THREADS (auto: 1 on a GPU host) and
+MALLOC_ARENA_MAX (2) that stages 3 and 7 give the servers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LOG_LINE = "servers run with OMP_NUM_THREADS="
 
 
-def stage_3(tmp_path: Path, options: list[str], gpu: bool, env_threads: str | None = None):
+def stage_3(
+    tmp_path: Path,
+    options: list[str],
+    gpu: bool,
+    env_threads: str | None = None,
+    env_arenas: str | None = None,
+):
     """Stage 3 against a missing repository (the server never starts), with or without an `nvidia-smi` on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -21,10 +28,12 @@ def stage_3(tmp_path: Path, options: list[str], gpu: bool, env_threads: str | No
         fake = bin_dir / "nvidia-smi"
         fake.write_text("#!/bin/sh\nexit 0\n")
         fake.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     if env_threads is not None:
         env["OMP_NUM_THREADS"] = env_threads
+    if env_arenas is not None:
+        env["MALLOC_ARENA_MAX"] = env_arenas
     command = ["bash", "run.sh", "3", "3", "--exp_dir", str(tmp_path / "exp"), "--python", sys.executable]
     command += ["--model_repo", str(tmp_path / "no_repo"), *options]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -54,3 +63,29 @@ def test_auto_gives_one_thread_on_gpu_hosts_only(tmp_path, options, gpu, env_thr
 def test_a_bad_value_exits_2_naming_the_option(tmp_path):
     done = stage_3(tmp_path, ["--server_cpu_threads", "many"], gpu=False)
     assert done.returncode == 2 and "--server_cpu_threads must be auto or a number" in done.stderr
+
+
+ARENA_LINE = "servers run with MALLOC_ARENA_MAX="
+
+
+@pytest.mark.parametrize(
+    "options, env_arenas, expected",
+    [
+        ([], None, "2"),
+        (["--server_malloc_arena_max", "4"], None, "4"),
+        ([], "8", None),
+        (["--server_malloc_arena_max", "0"], None, None),
+    ],
+)
+def test_malloc_arenas_are_capped_unless_the_environment_sets_them(tmp_path, options, env_arenas, expected):
+    done = stage_3(tmp_path, options, gpu=False, env_arenas=env_arenas)
+    lines = [line for line in done.stdout.splitlines() if ARENA_LINE in line]
+    if expected is None:
+        assert not lines, done.stdout
+    else:
+        assert len(lines) == 1 and lines[0].endswith(f"{ARENA_LINE}{expected} (--server_malloc_arena_max)")
+
+
+def test_a_bad_arena_count_exits_2_naming_the_option(tmp_path):
+    done = stage_3(tmp_path, ["--server_malloc_arena_max", "few"], gpu=False)
+    assert done.returncode == 2 and "--server_malloc_arena_max must be a number" in done.stderr
