@@ -62,6 +62,12 @@ def parse_args() -> argparse.Namespace:
         default="auto",
         help="decode steps' attention: the fused Triton kernel, the torch path, or auto (Triton on CUDA)",
     )
+    parser.add_argument(
+        "--decode-linear",
+        choices=DECODE_ATTENTION,
+        default="torch",
+        help="decode steps' projections at batch <= 4: the skinny Triton kernels, cuBLAS (torch), or auto",
+    )
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.95)
@@ -376,6 +382,7 @@ def main() -> None:
         compile=args.compile,
         max_top_k=max(args.top_k, 64),
         decode_attention=args.decode_attention,
+        decode_linear=args.decode_linear,
     )
     build_s = time.perf_counter() - start
     check = {}
@@ -391,6 +398,7 @@ def main() -> None:
         "decode_graphs": len(engine.runner.graphs),
         "kv_buckets": engine.runner.kv_lengths,
         "decode_attention_used": engine.runner.decode_attention,
+        "decode_linear_used": engine.runner.decode_linear,
     }
     del engine
     hf_results = bench_hf(hf, args, device, vocab) if hf is not None else {}

@@ -49,7 +49,7 @@ def build_spark_models(repo: Path, data: Path) -> None:
             repo,
             name,
             f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto",
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto",
         )
     for name, decoupled, llm in (
         ("spark_tts", True, "tensorrt_llm"),

@@ -144,6 +144,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("use_spk2info_cache", "false"),
         ("max_new_tokens", "auto"),
         ("llm_decode_attention", "auto"),
+        ("llm_decode_linear", "auto"),
         ("token2wav_compile", "auto"),
     ):
         assert f"\n  --{option} [{default}]" in done.stdout
@@ -162,6 +163,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         (["--model", "cosyvoice2", "--token2wav_instance_num", "0"], "--token2wav_instance_num must be"),
         (["--model", "cosyvoice2", "--cuda_mps", "on"], "--cuda_mps must be true or false"),
         (["--model", "cosyvoice2", "--llm_decode_attention", "flash"], "--llm_decode_attention must be"),
+        (["--llm_decode_linear", "cutlass"], "--llm_decode_linear must be auto, triton or torch"),
         (
             ["--model", "cosyvoice2", "--token2wav_compile", "yes"],
             "--token2wav_compile must be auto, true or false",
@@ -235,6 +237,8 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         "2",
         "--llm_decode_attention",
         "torch",
+        "--llm_decode_linear",
+        "triton",
         "--token2wav_compile",
         "true",
     ]
@@ -278,6 +282,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     if backend == "torch":
         assert _parameters(parsed["tensorrt_llm"])["model_dir"] == bls["llm_tokenizer_dir"]
         assert _parameters(parsed["tensorrt_llm"])["decode_attention"] == "torch"
+        assert _parameters(parsed["tensorrt_llm"])["decode_linear"] == "triton"
 
 
 def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(tmp_path, bench_data):

@@ -60,6 +60,7 @@ class LLMEngine:
         max_top_k: int = 1024,
         max_prefill_tokens: int = 8192,
         decode_attention: str = "auto",
+        decode_linear: str = "auto",
     ) -> LLMEngine:
         model = load_pretrained(model_dir, device, dtype)
         return cls.from_model(
@@ -71,6 +72,7 @@ class LLMEngine:
             max_top_k=max_top_k,
             max_prefill_tokens=max_prefill_tokens,
             decode_attention=decode_attention,
+            decode_linear=decode_linear,
         )
 
     def add_request(

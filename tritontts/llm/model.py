@@ -80,6 +80,7 @@ class LayerShape:
     head_dim: int
     eps: float
     decode_attention: str = "torch"  # "triton": decode steps (one query per row) use the fused kernel
+    decode_linear: str = "torch"  # "triton": batch-1 decode steps run their projections as skinny kernels
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,34 @@ def decoder_layer(
     input_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w = weights
     if delta is not None:
         x = x + delta
-    qkv = F.linear(rms_norm(x, input_norm, shape.eps), qkv_w, qkv_b)
-    x = x + F.linear(attention_block(shape, qkv, k_cache, v_cache, ctx), o_w)
-    gate, up = F.linear(rms_norm(x, post_norm, shape.eps), gate_up_w).chunk(2, dim=-1)
-    return x, F.linear(F.silu(gate) * up, down_w)
+    qkv = project(shape, rms_norm(x, input_norm, shape.eps), qkv_w, qkv_b)
+    x = x + project(shape, attention_block(shape, qkv, k_cache, v_cache, ctx), o_w)
+    hidden = project(shape, rms_norm(x, post_norm, shape.eps), gate_up_w, silu_mul=True)
+    return x, project(shape, hidden, down_w)
+
+
+SKINNY_ROWS, SKINNY_IN = 1, 2048  # tritontts.llm.skinny_linear.MAX_ROWS and MAX_IN, without importing triton
+
+
+def project(
+    shape: LayerShape,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` of `x [B, L, K]`; with `silu_mul`, `silu(gate) * up` of its two halves. A decode
+    step of up to SKINNY_ROWS rows takes the skinny Triton kernel where `shape.decode_linear` says so (inputs up to
+    SKINNY_IN wide)."""
+    batch, length, width = x.shape
+    if shape.decode_linear == "triton" and length == 1 and batch <= SKINNY_ROWS and width <= SKINNY_IN:
+        rows = x.reshape(batch, width).contiguous()
+        return torch.ops.tritontts.skinny_linear(rows, weight, bias, silu_mul).view(batch, 1, -1)
+    out = F.linear(x, weight, bias)
+    if silu_mul:
+        gate, up = out.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return out
 
 
 class Attention(nn.Module):

@@ -34,33 +34,44 @@ from tritontts.llm.slot_state import SlotState
 DECODE_ATTENTION = ("auto", "torch", "triton")
 
 
-def decode_attention_problem(device: torch.device, head_dim: int) -> str | None:
-    """Why the Triton decode attention cannot run on `device` (None: it can, and its op is registered).
-    Off CUDA it runs only under Triton's CPU interpreter (TRITON_INTERPRET=1, for tests)."""
+DECODE_KERNELS = {
+    "decode_attention": "tritontts.llm.decode_attention",
+    "decode_linear": "tritontts.llm.skinny_linear",
+}
+
+
+def decode_kernel_problem(
+    device: torch.device, head_dim: int, setting: str = "decode_attention"
+) -> str | None:
+    """Why the Triton kernels of `setting` (decode_attention, decode_linear) cannot run on `device` (None: they
+    can, and their op is registered). Off CUDA they run only under Triton's CPU interpreter (TRITON_INTERPRET=1,
+    for tests)."""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return f"needs a CUDA device, not {device}"
-    if head_dim < 16 or head_dim & (head_dim - 1):
+    if setting == "decode_attention" and (head_dim < 16 or head_dim & (head_dim - 1)):
         return f"needs a power-of-two head_dim of at least 16, not {head_dim}"
     try:
-        importlib.import_module("tritontts.llm.decode_attention")
+        importlib.import_module(DECODE_KERNELS[setting])
     except ImportError as error:
         return f"needs the triton package ({error})"
     return None
 
 
-def resolve_decode_attention(choice: str, device: torch.device, head_dim: int = 64) -> str:
-    """The setting `decode_attention` as the path decode steps take: "auto" is "triton" (the fused kernel) on
-    CUDA when triton imports, else "torch"; "triton" raises where the kernel cannot run."""
+def resolve_decode_attention(
+    choice: str, device: torch.device, head_dim: int = 64, setting: str = "decode_attention"
+) -> str:
+    """The setting `decode_attention` (or `decode_linear`) as the path decode steps take: "auto" is "triton"
+    (the Triton kernels) on CUDA when triton imports, else "torch"; "triton" raises where they cannot run."""
     if choice not in DECODE_ATTENTION:
-        raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, got {choice!r}")
+        raise ValueError(f"{setting} must be one of {DECODE_ATTENTION}, got {choice!r}")
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
         return "torch"
-    problem = decode_attention_problem(device, head_dim)
+    problem = decode_kernel_problem(device, head_dim, setting)
     if problem is None:
         return "triton"
     if choice == "auto":
         return "torch"
-    raise ValueError(f"decode_attention='triton' {problem}")
+    raise ValueError(f"{setting}='triton' {problem}")
 
 
 def prefill_chunks(lengths: list[int], max_tokens: int) -> list[int]:
@@ -123,11 +134,12 @@ class ModelRunner:
         kv_lengths: list[int] | None = None,
         prefill_lengths: list[int] | None = None,
         decode_attention: str = "auto",
+        decode_linear: str = "auto",
     ):
         """`kv_lengths`: key-length buckets of decode (default `kv_buckets`). `prefill_lengths`: padded
         prompt lengths prefilled one prompt at a time (default `prefill_buckets` where CUDA graphs are
         captured, none elsewhere; pass some on CPU to run the same padded path eagerly).
-        `decode_attention`: "auto", "torch" or "triton" (see `resolve_decode_attention`)."""
+        `decode_attention`, `decode_linear`: "auto", "torch" or "triton" (see `resolve_decode_attention`)."""
         self.model = model
         self.device = model.model.embed_tokens.weight.device
         self.dtype = model.model.embed_tokens.weight.dtype
@@ -142,7 +154,12 @@ class ModelRunner:
         self.cache = KVCache(config, max_batch_size, max_seq_len, self.device, self.dtype)
         self.state = SlotState(max_batch_size, config.vocab_size, self.device)
         self.decode_attention = resolve_decode_attention(decode_attention, self.device, config.head_dim)
-        self.shape = dataclasses.replace(model.layer_shape, decode_attention=self.decode_attention)
+        self.decode_linear = resolve_decode_attention(
+            decode_linear, self.device, config.head_dim, "decode_linear"
+        )
+        self.shape = dataclasses.replace(
+            model.layer_shape, decode_attention=self.decode_attention, decode_linear=self.decode_linear
+        )
         self.weights = [tuple(w.detach() for w in layer.weights()) for layer in model.model.layers]
         self.buckets = (
             sorted({b for b in graph_batch_sizes if b < max_batch_size} | {max_batch_size})

@@ -81,6 +81,7 @@ class TritonPythonModel:
             cuda_graphs=model_param(config, "cuda_graphs", bool, default=True),
             compile=model_param(config, "compile", bool, default=False),
             decode_attention=model_param(config, "decode_attention", default="auto"),
+            decode_linear=model_param(config, "decode_linear", default="auto"),
         )
         self.engine.start()
         self.gauges = EngineGauges(pb_utils, args["model_name"], self.engine)

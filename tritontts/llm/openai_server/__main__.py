@@ -35,6 +35,12 @@ def get_parser() -> argparse.ArgumentParser:
         default="auto",
         help="decode steps' attention: the fused Triton kernel (auto: on CUDA) or the torch path",
     )
+    p.add_argument(
+        "--decode-linear",
+        choices=("auto", "triton", "torch"),
+        default="auto",
+        help="batch-1 decode steps' projections: skinny Triton kernels (auto: on CUDA) or cuBLAS",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -51,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cuda_graphs=args.cuda_graphs,
         compile=args.compile,
         decode_attention=args.decode_attention,
+        decode_linear=args.decode_linear,
     )
     served = ServedModel.from_model_dir(engine, args.model_dir, args.served_model_name)
     uvicorn.run(create_app(served), host=args.host, port=args.port, log_level=args.log_level)

@@ -1,0 +1,121 @@
+"""The skinny Triton projections of small-batch decode steps (run on CPU by Triton's interpreter) against
+`F.linear`, the layer's dispatch (`project`), and the engine's greedy tokens with them against the torch path."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritontts.llm.config import Qwen2Config
+from tritontts.llm.engine import LLMEngine
+from tritontts.llm.loader import build_model
+from tritontts.llm.model import LayerShape, project
+from tritontts.llm.runner import resolve_decode_attention
+from tritontts.llm.sequence import SamplingParams
+from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
+
+VOCAB = 1000
+CPU = torch.device("cpu")
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = Qwen2Config.from_dict(qwen2_config("tiny", vocab_size=VOCAB))
+    return build_model(
+        config, qwen2_state_dict("tiny", seed=3, vocab_size=VOCAB), "cpu", torch.float32, "synthetic"
+    )
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The kernel under Triton's CPU interpreter: TRITON_INTERPRET=1 must be set before triton is first imported,
+    so these tests run in a process started with it (see the test below)."""
+    if not IN_INTERPRETER:
+        pytest.skip("runs in the TRITON_INTERPRET=1 process of test_kernels_under_the_triton_interpreter")
+    pytest.importorskip("triton")
+    return importlib.import_module("tritontts.llm.skinny_linear").skinny_linear
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="this process is the interpreter's")
+def test_kernels_under_the_triton_interpreter():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", __file__]
+    env = os.environ | {"TRITON_INTERPRET": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
+
+
+def expected(x, w, b, silu_mul):
+    out = F.linear(x.float(), w.float(), None if b is None else b.float())
+    if silu_mul:
+        gate, up = out.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 3, 4])
+@pytest.mark.parametrize("bias, silu_mul", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("out_features, in_features", [(72, 40), (200, 300)])
+def test_kernel_equals_f_linear(kernel, dtype, rows, bias, silu_mul, out_features, in_features):
+    gen = torch.Generator().manual_seed(rows + out_features)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)
+    w = (torch.randn(out_features, in_features, generator=gen) * in_features**-0.5).to(dtype)
+    b = torch.randn(out_features, generator=gen).to(dtype) if bias else None
+    out = kernel(x, w, b, silu_mul)
+    assert out.dtype == dtype and out.shape == (rows, out_features // 2 if silu_mul else out_features)
+    torch.testing.assert_close(out.float(), expected(x, w, b, silu_mul), atol=TOLERANCE[dtype], rtol=0)
+
+
+def test_other_block_sizes_give_the_same_product(kernel):
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 260, generator=gen), torch.randn(96, 260, generator=gen)
+    for width, block_k in ((4, 64), (16, 256), (64, 128)):
+        torch.testing.assert_close(kernel(x, w, None, False, width, block_k), x @ w.T, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("batch, width, used", [(1, 48, True), (2, 48, False), (1, 2049, False)])
+def test_project_dispatches_batch_one_decode_steps_only(kernel, batch, width, used, monkeypatch):
+    shape = LayerShape(2, 1, 16, 1e-6, decode_linear="triton")
+    calls = []
+    op = torch.ops.tritontts.skinny_linear
+    monkeypatch.setattr(torch.ops.tritontts, "skinny_linear", lambda *a: calls.append(1) or op(*a))
+    gen = torch.Generator().manual_seed(batch)
+    x, w = torch.randn(batch, 1, width, generator=gen), torch.randn(64, width, generator=gen) * width**-0.5
+    for silu_mul in (False, True):
+        torch_path = project(LayerShape(2, 1, 16, 1e-6), x, w, silu_mul=silu_mul)
+        torch.testing.assert_close(project(shape, x, w, silu_mul=silu_mul), torch_path, atol=2e-5, rtol=0)
+    assert bool(calls) == used
+
+
+def test_engine_with_the_kernels_gives_the_torch_tokens(kernel, model):
+    prompts = [[5, 17, 912, 33, 4, 250, 251, 7, 99, 640, 3], [8, 9], [100, 200, 300, 400, 500]]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    tokens = {}
+    for path in ("torch", "triton"):
+        engine = LLMEngine.from_model(
+            model, max_batch_size=3, max_seq_len=96, max_top_k=VOCAB, decode_linear=path
+        )
+        assert engine.runner.shape.decode_linear == path
+        tokens[path] = engine.generate(prompts, params)
+    assert tokens["triton"] == tokens["torch"]
+
+
+def test_the_setting_is_resolved_like_decode_attention(monkeypatch, model):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert resolve_decode_attention("auto", CPU, setting="decode_linear") == "torch"
+    with pytest.raises(ValueError, match="decode_linear='triton' needs a CUDA device"):
+        LLMEngine.from_model(model, max_batch_size=1, max_seq_len=64, decode_linear="triton")
+    with pytest.raises(ValueError, match="decode_linear must be one of"):
+        resolve_decode_attention("cublas", CPU, setting="decode_linear")
