@@ -47,7 +47,9 @@ def _outputs(pb_utils: Any, model: str, response: Any, outputs: Sequence[str]) -
         tensor = pb_utils.get_output_tensor_by_name(response, name)
         if tensor is None:
             raise ModelCallError(f"{model} returned no '{name}'")
-        result[name] = tensor.as_numpy() if tensor.is_cpu() else _gpu_to_numpy(tensor)
+        # a copy: as_numpy() is a view of the response's block in the stub's shared-memory pool, which a kept
+        # array (a cached voice's tokens or embedding) would hold for as long as it lives
+        result[name] = np.array(tensor.as_numpy()) if tensor.is_cpu() else _gpu_to_numpy(tensor)
     return result
 
 
