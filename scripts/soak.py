@@ -76,6 +76,8 @@ def machine() -> dict:
         if line.startswith("MemTotal")
     )
     return {
+        # what tests/conftest.py gives the servers unless the environment sets it (run.sh's default too)
+        "server_malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX", "2"),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": round(int(memory) / 2**20, 1),

@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from tritontts.triton.server import ServerConfig, ServerError, TritonServer, free_ports
 
 TRITON_MODELS_DIR = Path(__file__).parent / "triton_models"
+SERVER_MALLOC_ARENAS = "2"  # run.sh --server_malloc_arena_max's default
 
 
 @dataclass
@@ -134,16 +135,20 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def start_with_server_threads(server: TritonServer) -> None:
-    """Start `server` with OMP_NUM_THREADS at SERVER_TORCH_THREADS for it and its stubs, then restore ours."""
-    threads = os.environ.get("OMP_NUM_THREADS")
+    """Start `server` with OMP_NUM_THREADS at SERVER_TORCH_THREADS for it and its stubs, and glibc's malloc
+    arenas capped as run.sh caps them (--server_malloc_arena_max 2, unless the environment sets it), then restore
+    ours."""
+    saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX")}
     os.environ["OMP_NUM_THREADS"] = str(SERVER_TORCH_THREADS)
+    os.environ.setdefault("MALLOC_ARENA_MAX", SERVER_MALLOC_ARENAS)
     try:
         server.start()
     finally:
-        if threads is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = threads
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
