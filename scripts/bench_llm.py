@@ -65,8 +65,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--decode-linear",
         choices=DECODE_ATTENTION,
-        default="torch",
-        help="decode steps' projections at batch <= 4: the skinny Triton kernels, cuBLAS (torch), or auto",
+        default="auto",
+        help="batch-1 decode steps' projections: the skinny Triton kernels, cuBLAS (torch), or auto (Triton on CUDA)",
     )
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=50)
