@@ -4,57 +4,37 @@ engine setting `decode_attention` that picks it."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from triton_interpreter import IN_INTERPRETER, VOCAB, interpreted, run_under_interpreter, tiny_model
 
 import tritontts.llm.model as model_module
-from tritontts.llm.config import Qwen2Config
 from tritontts.llm.engine import LLMEngine
-from tritontts.llm.loader import build_model
 from tritontts.llm.model import attention, attention_block, decode_lengths
 from tritontts.llm.runner import resolve_decode_attention
 from tritontts.llm.sequence import SamplingParams
-from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
 
-VOCAB = 1000
 CPU = torch.device("cpu")
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
 @pytest.fixture(scope="module")
 def model():
-    config = Qwen2Config.from_dict(qwen2_config("tiny", vocab_size=VOCAB))
-    return build_model(
-        config, qwen2_state_dict("tiny", seed=3, vocab_size=VOCAB), "cpu", torch.float32, "synthetic"
-    )
+    return tiny_model()
 
 
 @pytest.fixture(scope="module")
 def interpreter():
     """The kernel, run by Triton's CPU interpreter: TRITON_INTERPRET=1 must be set before triton is first
     imported and while kernels run, so these tests run in a process started with it (see the test below)."""
-    if not IN_INTERPRETER:
-        pytest.skip("runs in the TRITON_INTERPRET=1 process of test_kernels_under_the_triton_interpreter")
-    pytest.importorskip("triton")
-    return importlib.import_module("tritontts.llm.decode_attention").decode_attention
+    return interpreted("tritontts.llm.decode_attention").decode_attention
 
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="this process is the interpreter's")
 def test_kernels_under_the_triton_interpreter():
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", __file__]
-    env = os.environ | {"TRITON_INTERPRET": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
+    run_under_interpreter(__file__)
 
 
 def reference(q, k_cache, v_cache, lengths, slot_start):
