@@ -141,7 +141,9 @@ class Flow(nn.Module):
 
         lookahead = 0 if finalize else self.pre_lookahead_len
         if x.size(1) <= lookahead:
-            needed = f"without finalize, more than {lookahead} tokens are needed" if lookahead else "no tokens"
+            needed = (
+                f"without finalize, more than {lookahead} tokens are needed" if lookahead else "no tokens"
+            )
             raise ValueError(f"{needed}, got {x.size(1)}")
         out_tokens = x.size(1) - lookahead
         h = self.encoder_graphs(x, out_tokens, streaming) if self.encoder_graphs is not None else None
