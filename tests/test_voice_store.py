@@ -1,130 +1,142 @@
-"""The voice store the BLS instances of one model share: values round-trip as their dataclasses, files appear
-whole (temporary file, rename), the least recently used go past the capacity, a bad file or key is refused, and
-two caches over one store compute a voice once."""
+"""Voice files and profiles without a server: the voices folder's writes, names and deletes, profile files,
+the checkpoint marker, OpenAI speed to Spark-TTS speed levels, and ref_audio decoding."""
 
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
+import base64
+import io
+import threading
 
 import numpy as np
 import pytest
+import soundfile
 
-from tritontts.cosyvoice2.request import Voice
-from tritontts.spark.service import VoiceTokens
-from tritontts.voice_cache import VoiceCache, audio_key
-from tritontts.voice_store import VoiceStore, server_folder, voice_store
-
-
-def _key(n: int) -> str:
-    return audio_key(np.full(10, n, dtype=np.float32), 16000)
-
-
-def _voice(seed: int, with_wav: bool = False) -> Voice:
-    rng = np.random.default_rng(seed)
-    return Voice(
-        "",
-        rng.integers(0, 6561, 25).astype(np.int32),
-        rng.standard_normal((50, 80)).astype(np.float32),
-        rng.standard_normal(192).astype(np.float32),
-        rng.standard_normal(16000).astype(np.float32) if with_wav else None,
-    )
+from tritontts.audio import AudioLimits
+from tritontts.openai_api.errors import ApiError
+from tritontts.openai_api.speech import speed_level
+from tritontts.openai_api.voice_request import decode_ref_audio
+from tritontts.openai_api.voices import VoiceStore
+from tritontts.voice_profile import ProfileError, VoiceProfile, checkpoint_marker
 
 
-@pytest.mark.parametrize("with_wav", [False, True])
-def test_a_voice_round_trips(tmp_path: Path, with_wav: bool) -> None:
-    store = VoiceStore(tmp_path / "voices", Voice)
-    voice = _voice(1, with_wav)
-    store.save(_key(1), voice)
-    loaded = store.load(_key(1))
-    assert loaded is not None and loaded.text == ""
-    for name in ("speech_tokens", "speech_feat", "embedding"):
-        got, expected = getattr(loaded, name), getattr(voice, name)
-        assert got.dtype == expected.dtype and np.array_equal(got, expected)
-    assert (loaded.reference_wav is None) == (not with_wav)
-    assert list((tmp_path / "voices").iterdir()) == [tmp_path / "voices" / f"{_key(1)}.npz"]
-    assert (tmp_path / "voices").stat().st_mode & 0o777 == 0o700
+def wav_bytes(seconds: float = 1.0, rate: int = 24000) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    soundfile.write(buffer, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate, format="WAV")
+    return buffer.getvalue()
 
 
-def test_spark_voice_tokens_round_trip(tmp_path: Path) -> None:
-    store = VoiceStore(tmp_path, VoiceTokens)
-    tokens = VoiceTokens(np.arange(32, dtype=np.int32), np.arange(100, dtype=np.int32))
-    store.save(_key(2), tokens)
-    loaded = store.load(_key(2))
-    assert np.array_equal(loaded.global_tokens, tokens.global_tokens)
-    assert np.array_equal(loaded.semantic_tokens, tokens.semantic_tokens)
+def spark_profile(marker: str = "a" * 24) -> VoiceProfile:
+    arrays = {"global_tokens": np.arange(32, dtype=np.int32), "semantic_tokens": np.arange(7, dtype=np.int32)}
+    return VoiceProfile("spark_tts", marker, arrays)
 
 
-def test_the_least_recently_used_go_past_the_capacity(tmp_path: Path) -> None:
-    store = VoiceStore(tmp_path, VoiceTokens, capacity=2)
-    for n in range(3):
-        store.save(_key(n), VoiceTokens(np.array([n]), np.array([n])))
-        past = time.time() - 100 + 10 * n
-        os.utime(tmp_path / f"{_key(n)}.npz", (past, past))
-    assert len(store) == 2 and store.load(_key(0)) is None
-    assert store.load(_key(1)) is not None  # read now: the most recently used
-    store.save(_key(3), VoiceTokens(np.array([3]), np.array([3])))
-    assert len(store) == 2 and store.load(_key(1)) is not None and store.load(_key(2)) is None
+@pytest.fixture
+def store(tmp_path) -> VoiceStore:
+    return VoiceStore(tmp_path / "voices", AudioLimits(max_seconds=5.0), 200)
 
 
-def test_an_unreadable_file_is_computed_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    store = VoiceStore(tmp_path, Voice)
-    (tmp_path / f"{_key(4)}.npz").write_bytes(b"not a zip file")
-    assert store.load(_key(4)) is None
-    assert "unreadable" in caplog.text
-    np.savez(tmp_path / f"{_key(5)}.npz", speech_feat=np.zeros(3))  # a required field missing
-    assert store.load(_key(5)) is None
+def test_speed_levels():
+    expected = {
+        0.25: "very_low",
+        0.6: "very_low",
+        0.625: "low",
+        0.75: "low",
+        1.0: "moderate",
+        1.1: "moderate",
+    }
+    expected |= {1.125: "high", 1.25: "high", 1.375: "very_high", 1.5: "very_high", 4.0: "very_high"}
+    assert {speed: speed_level(speed) for speed in expected} == expected
 
 
-@pytest.mark.parametrize("key", ["../../etc/passwd", "abc/def", "", "ZZ" * 32])
-def test_keys_are_hex_digests_only(tmp_path: Path, key: str) -> None:
-    store = VoiceStore(tmp_path, Voice)
-    with pytest.raises(ValueError, match="hex digest"):
-        store.load(key)
-    with pytest.raises(ValueError, match="hex digest"):
-        store.save(key, _voice(0))
+def test_ref_audio_is_base64_or_a_data_uri_never_a_url():
+    data = wav_bytes(0.1)
+    assert decode_ref_audio(base64.b64encode(data).decode()) == data
+    assert decode_ref_audio("data:audio/wav;base64," + base64.b64encode(data).decode()) == data
+    assert decode_ref_audio(data) == data
+    for bad in ("https://example.com/a.wav", "/etc/passwd", "not base64!", "data:audio/wav,abc"):
+        with pytest.raises(ApiError) as error:
+            decode_ref_audio(bad)
+        assert error.value.status == 400 and error.value.param == "ref_audio"
 
 
-def test_two_instances_compute_a_voice_once(tmp_path: Path) -> None:
-    first = VoiceCache(8, VoiceStore(tmp_path, Voice))
-    second = VoiceCache(8, VoiceStore(tmp_path, Voice))
-    computed = []
-
-    def compute() -> Voice:
-        computed.append(1)
-        return _voice(6)
-
-    value, hit = first.get_or_compute(_key(6), compute)
-    again, hit_again = second.get_or_compute(_key(6), compute)
-    assert (hit, hit_again, len(computed)) == (False, True, 1)
-    assert np.array_equal(value.speech_feat, again.speech_feat)
-    assert (second.hits, second.misses) == (1, 0) and len(second) == 1
-
-
-def test_no_capacity_means_no_store(tmp_path: Path) -> None:
-    cache = VoiceCache(0, VoiceStore(tmp_path, Voice))
-    cache.put(_key(7), _voice(7))
-    assert cache.get(_key(7)) is None and not list(tmp_path.iterdir())
+def test_add_get_delete(store):
+    voice = store.add("alice", wav_bytes(), "  hello  ")
+    assert voice.transcript == "hello" and voice.samples.size == 16000
+    assert store.names() == ["alice"]
+    assert not [p for p in store.directory.iterdir() if p.name.startswith(".")]  # no temporary file left
+    store.save_profile("alice", spark_profile())
+    assert store.profile_kinds("alice") == ["spark_tts"]
+    store.delete("alice")
+    assert store.names() == [] and list(store.directory.iterdir()) == []
+    with pytest.raises(ApiError) as error:
+        store.delete("alice")
+    assert error.value.status == 404
+    with pytest.raises(ApiError):
+        store.get("alice")
 
 
-def test_the_server_folder_is_per_server_and_the_gone_ones_are_removed(tmp_path: Path) -> None:
-    gone = tmp_path / "cosyvoice2-999999999"
-    gone.mkdir()
-    alive = tmp_path / f"cosyvoice2-{os.getpid()}"
-    alive.mkdir()
-    other_model = tmp_path / "spark_tts-999999999"
-    other_model.mkdir()
-    folder = server_folder("cosyvoice2", tmp_path)
-    assert folder == tmp_path / f"cosyvoice2-{os.getppid()}"
-    assert not gone.exists() and alive.exists() and other_model.exists()
+def test_a_taken_name_is_409_and_concurrent_uploads_have_one_winner(store):
+    store.add("bob", wav_bytes(), "one")
+    with pytest.raises(ApiError) as error:
+        store.add("bob", wav_bytes(), "two")
+    assert error.value.status == 409 and store.get("bob").transcript == "one"
+    results: list = []
+    barrier = threading.Barrier(4)
+
+    def upload(index: int) -> None:
+        barrier.wait()
+        try:
+            results.append(store.add("carol", wav_bytes(), f"take {index}").transcript)
+        except ApiError as err:
+            results.append(err.status)
+
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results, key=str).count(409) == 3
+    (winner,) = [r for r in results if r != 409]
+    assert store.get("carol").transcript == winner
 
 
-def test_the_parameter(tmp_path: Path) -> None:
-    assert voice_store("none", "m", Voice) is None
-    assert voice_store(str(tmp_path / "v"), "m", Voice, capacity=0) is None
-    store = voice_store(str(tmp_path / "v"), "m", Voice, capacity=3)
-    assert store is not None and store.directory == tmp_path / "v" and store.capacity == 3
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    assert voice_store(str(blocked / "v"), "m", Voice) is None
+def test_upload_checks(store):
+    with pytest.raises(ApiError, match="at most 5"):
+        store.add("long", wav_bytes(6.0), "x")
+    with pytest.raises(ApiError, match="transcript"):
+        store.add("empty", wav_bytes(), "  ")
+    with pytest.raises(ApiError, match="name"):
+        store.add("../x", wav_bytes(), "x")
+    assert store.names() == []
+
+
+def test_profiles_round_trip_and_are_checked(store):
+    profile = spark_profile()
+    again = VoiceProfile.from_bytes(profile.to_bytes())
+    assert again.kind == "spark_tts" and again.checkpoint == profile.checkpoint
+    assert np.array_equal(again.arrays["global_tokens"], profile.arrays["global_tokens"])
+    arrays = profile.request_arrays()
+    assert arrays["voice_global_tokens"].shape == (1, 32) and arrays["voice_checkpoint"].shape == (1, 1)
+    with pytest.raises(ProfileError, match="needs semantic_tokens"):
+        VoiceProfile("spark_tts", "m", {"global_tokens": np.zeros(32)})
+    with pytest.raises(ProfileError, match="not a voice profile"):
+        VoiceProfile.from_bytes(b"garbage")
+    store.save_profile("nobody", profile)  # a deleted voice gets no profile back
+    assert not store.profile_path("nobody", "spark_tts").exists()
+    store.add("dave", wav_bytes(), "x")
+    store.profile_path("dave", "spark_tts").write_bytes(b"broken")
+    assert store.profile("dave", "spark_tts") is None  # unreadable: the request sends the audio instead
+
+
+def test_checkpoint_marker_follows_the_files(tmp_path):
+    (tmp_path / "LLM").mkdir()
+    (tmp_path / "LLM" / "model.safetensors").write_bytes(b"llm")
+    (tmp_path / "BiCodec").mkdir()
+    weights = tmp_path / "BiCodec" / "model.safetensors"
+    weights.write_bytes(b"x" * 3_000_000)
+    marker = checkpoint_marker(tmp_path, exclude=[tmp_path / "LLM"])
+    (tmp_path / "LLM" / "model.safetensors").write_bytes(b"another llm")
+    assert checkpoint_marker(tmp_path, exclude=[tmp_path / "LLM"]) == marker
+    weights.write_bytes(b"x" * 2_999_999 + b"y")
+    assert checkpoint_marker(tmp_path, exclude=[tmp_path / "LLM"]) != marker

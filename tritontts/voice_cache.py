@@ -10,7 +10,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from tritontts.voice_store import VoiceStore
+from tritontts.voice_store import SharedVoiceStore
 
 V = TypeVar("V")
 
@@ -28,7 +28,7 @@ class VoiceCache(Generic[V]):
     this process misses is looked up there (the voices the other instances computed) and what it puts is saved
     there too."""
 
-    def __init__(self, capacity: int = 256, store: VoiceStore[V] | None = None) -> None:
+    def __init__(self, capacity: int = 256, store: SharedVoiceStore[V] | None = None) -> None:
         self.capacity = capacity
         self.store = store if capacity > 0 else None
         self._items: OrderedDict[str, V] = OrderedDict()

@@ -70,7 +70,7 @@ def server_folder(model_name: str, root: Path | None = None) -> Path:
     return root / f"{model_name}-{os.getppid()}"
 
 
-class VoiceStore(Generic[V]):
+class SharedVoiceStore(Generic[V]):
     """`load(key)` / `save(key, value)` of `value_type` (a dataclass) values in `directory`."""
 
     def __init__(self, directory: Path, value_type: type[V], capacity: int = 256) -> None:
@@ -131,7 +131,7 @@ class VoiceStore(Generic[V]):
 
 def voice_store(
     setting: str, model_name: str, value_type: type[V], capacity: int = 256
-) -> VoiceStore[V] | None:
+) -> SharedVoiceStore[V] | None:
     """A BLS's `voice_cache_dir` parameter: `auto` (a folder per model of this tritonserver, see
     `server_folder`), `none` (each instance keeps its own voices) or a folder; None where the store is off or
     its folder cannot be made (logged: the instances then keep their own)."""
@@ -139,7 +139,7 @@ def voice_store(
         return None
     try:
         folder = server_folder(model_name) if setting == "auto" else Path(setting)
-        return VoiceStore(folder, value_type, capacity)
+        return SharedVoiceStore(folder, value_type, capacity)
     except OSError as err:
         log.warning("voice store for %s off: %s", model_name, err)
         return None

@@ -46,7 +46,7 @@ from tritontts.spark.service import RequestLimits
 from tritontts.stage_timer import StageTimer
 from tritontts.triton.params import RequestError
 from tritontts.voice_cache import VoiceCache, audio_key
-from tritontts.voice_store import VoiceStore
+from tritontts.voice_store import SharedVoiceStore
 
 SAMPLE_RATE = 24000
 TOKEN_RATE = 25
@@ -88,7 +88,7 @@ class CosyVoice2Service:
         generate_chat: GenerateChat | None = None,
         flow_prompt: bool = True,
         prompt_mel: MatchaMelConfig = PROMPT_MEL,
-        voice_store: VoiceStore[Voice] | None = None,
+        voice_store: SharedVoiceStore[Voice] | None = None,
     ) -> None:
         self.prompter = prompter
         self.tokenize = tokenize

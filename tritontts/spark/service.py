@@ -37,7 +37,7 @@ from tritontts.streaming import ChunkSchedule, TokenChunker
 from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import RequestError
 from tritontts.voice_cache import VoiceCache, audio_key
-from tritontts.voice_store import VoiceStore
+from tritontts.voice_store import SharedVoiceStore
 
 SAMPLE_RATE = 16000
 TOKEN_RATE = 50
@@ -229,7 +229,7 @@ class SparkTTSService:
         schedule: ChunkSchedule | None = None,
         limits: RequestLimits = RequestLimits(),
         voice_cache_size: int = 256,
-        voice_store: VoiceStore[VoiceTokens] | None = None,
+        voice_store: SharedVoiceStore[VoiceTokens] | None = None,
     ) -> None:
         self.prompter = prompter
         self.tokenize_voice = tokenize_voice
