@@ -68,6 +68,12 @@ def parse_args() -> argparse.Namespace:
         default="auto",
         help="batch-1 decode steps' projections: the skinny Triton kernels, cuBLAS (torch), or auto (Triton on CUDA)",
     )
+    parser.add_argument(
+        "--attention-combine",
+        choices=("fold", "kernel"),
+        default="fold",
+        help="how the Triton decode attention combines its splits: in its last split (default) or a second kernel",
+    )
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.95)
@@ -250,7 +256,7 @@ def profile_decode(engine: LLMEngine, args, steps: int = 20) -> dict:
             torch.cuda.synchronize()
         kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         total_us = sum(e.self_device_time_total for e in kernels)
-        top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
+        top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
         results[f"batch_{batch}_kv_{keys}"] = {
             "kernels_per_step": sum(e.count for e in kernels) / steps,
             "kernel_ms_per_step": total_us / steps / 1e3,
@@ -373,6 +379,10 @@ def main() -> None:
     vocab = ours_model.config.vocab_size
     start = time.perf_counter()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.attention_combine == "kernel":
+        import tritontts.llm.decode_attention as kernels
+
+        kernels.FOLD_COMBINE = False
     engine = LLMEngine.from_model(
         ours_model,
         max_batch_size=max(batch_sizes),

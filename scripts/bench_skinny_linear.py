@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tritontts.llm.skinny_linear import block_n, skinny_linear
+from tritontts.llm.skinny_linear import DOWN_SPLITS, block_n, skinny_linear, skinny_linear_partials
 
 SHAPES = {  # name: (out features, in features, bias, silu_mul)
     "qkv": (1152, 896, True, False),
@@ -88,6 +88,21 @@ def measure(x, weights, b, silu_mul: bool, calls: int, reps: int) -> dict:
         for block_k in (128, 256, 512):
             call = cycling(skinny_linear, x, weights, b, silu_mul, width, block_k)
             variants[f"w{width}_k{block_k}"] = round(graphed_us(call, calls, reps), 2)
+    if not silu_mul and b is None and k > 2048:  # the down projection: fp32 shares, summed by the next layer
+        row["shares_error"] = float((skinny_linear_partials(x, w).sum(0) - expected).abs().max())
+        row["shares_default_splits"] = DOWN_SPLITS
+        shares = cycling(
+            lambda x_, w_, b_, s_, *o: skinny_linear_partials(x_, w_, *o), x, weights, b, silu_mul
+        )
+        variants["shares_default"] = round(graphed_us(shares, calls, reps), 2)
+        for splits in (2, 3, 4, 5, 6, 8, 10):
+            for width in (1, 2, 4, 8):
+                for block_k in (256, 512):
+                    call = cycling(
+                        lambda x_, w_, b_, s_, *o: skinny_linear_partials(x_, w_, *o),
+                        x, weights, b, silu_mul, splits, width, block_k,
+                    )  # fmt: skip
+                    variants[f"shares{splits}_w{width}_k{block_k}"] = round(graphed_us(call, calls, reps), 2)
     best = min(variants, key=variants.get)
     default = variants["default"]
     return row | {

@@ -12,7 +12,7 @@ from triton_interpreter import IN_INTERPRETER, VOCAB, interpreted, run_under_int
 
 import tritontts.llm.model as model_module
 from tritontts.llm.engine import LLMEngine
-from tritontts.llm.model import attention, attention_block, decode_lengths
+from tritontts.llm.model import apply_rope, attention, attention_block, decode_lengths
 from tritontts.llm.runner import resolve_decode_attention
 from tritontts.llm.sequence import SamplingParams
 
@@ -48,6 +48,10 @@ def reference(q, k_cache, v_cache, lengths, slot_start):
     return out.reshape(batch, heads * dim)
 
 
+def zeros(rows, kv_heads=2):
+    return torch.zeros(rows * kv_heads, dtype=torch.int32)
+
+
 def random_inputs(lengths, dtype, max_len=320, heads=14, kv_heads=2, dim=64, slot_start=1, seed=0):
     gen = torch.Generator().manual_seed(seed)
     slots = slot_start + len(lengths) + 1
@@ -62,7 +66,7 @@ def random_inputs(lengths, dtype, max_len=320, heads=14, kv_heads=2, dim=64, slo
 def test_kernel_equals_the_torch_attention(interpreter, dtype, max_len):
     lengths = [1, 17, 64, 300] if max_len > 64 else [1, 17, 40, 64]
     q, k, v, key_lengths = random_inputs(lengths, dtype, max_len)
-    out = interpreter(q, k[1:5], v[1:5], key_lengths, q.shape[-1] ** -0.5)
+    out = interpreter(q, k[1:5], v[1:5], key_lengths, q.shape[-1] ** -0.5, zeros(4))
     expected = reference(q, k, v, key_lengths, 1)
     assert out.dtype == dtype and out.shape == (len(lengths), 14 * 64)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
@@ -77,10 +81,53 @@ def test_kernel_equals_the_torch_attention(interpreter, dtype, max_len):
         assert (out.float() - expected).abs().max() <= 2 * torch_error
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_rotates_the_queries_with_the_rows_rope(interpreter, dtype):
+    lengths = [1, 17, 64, 300]
+    q, k, v, key_lengths = random_inputs(lengths, dtype, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    angles = torch.rand(len(lengths), 32, generator=gen) * 6.28
+    cos, sin = (torch.cat([f(angles)] * 2, dim=-1).to(dtype) for f in (torch.cos, torch.sin))
+    out = interpreter(q, k[1:5], v[1:5], key_lengths, q.shape[-1] ** -0.5, zeros(4), cos, sin)
+    rotated = apply_rope(q, cos[:, None], sin[:, None])
+    expected = reference(rotated, k, v, key_lengths, 1)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+def test_last_split_combines_given_counters_and_leaves_them_zeroed(interpreter):
+    lengths = [1, 17, 64, 300]
+    q, k, v, key_lengths = random_inputs(lengths, torch.float32, seed=7)
+    counters = torch.zeros(4 * 2, dtype=torch.int32)
+    for _ in range(2):  # again: the counters were left as found
+        out = interpreter(q, k, v, key_lengths, 0.125, counters, first_slot=1)
+        torch.testing.assert_close(out, reference(q, k, v, key_lengths, 1), atol=2e-5, rtol=0)
+        assert not counters.any()
+
+
+@pytest.mark.parametrize("max_len", [320, 64], ids=["splits", "one_split"])
+def test_kernel_writes_the_new_rotated_keys_and_values_before_attending(interpreter, max_len):
+    positions = torch.tensor([0, 16, 63, 200 if max_len > 64 else 40])
+    q, k, v, _ = random_inputs([1, 1, 1, 1], torch.float32, max_len, seed=8)
+    gen = torch.Generator().manual_seed(9)
+    new_k, new_v = torch.randn(4, 2, 64, generator=gen), torch.randn(4, 2, 64, generator=gen)
+    angles = torch.rand(4, 32, generator=gen) * 6.28
+    cos, sin = (torch.cat([f(angles)] * 2, dim=-1) for f in (torch.cos, torch.sin))
+    expected_k, expected_v = k.clone(), v.clone()
+    rows = torch.arange(1, 5)
+    expected_k[rows, :, positions] = apply_rope(new_k, cos[:, None], sin[:, None])
+    expected_v[rows, :, positions] = new_v
+    lengths = positions + 1
+    out = interpreter(q, k, v, lengths, 0.125, zeros(4), cos, sin, 1, new_k, new_v, positions)
+    torch.testing.assert_close(k, expected_k, atol=1e-6, rtol=0)
+    assert torch.equal(v, expected_v)
+    rotated = apply_rope(q, cos[:, None], sin[:, None])
+    torch.testing.assert_close(out, reference(rotated, k, v, lengths, 1), atol=2e-5, rtol=0)
+
+
 def test_kernel_with_longer_splits_of_a_big_batch(interpreter):
     lengths = [1 + (37 * i) % 200 for i in range(64)]  # 64 rows x 2 KV heads: splits of 128 keys
     q, k, v, key_lengths = random_inputs(lengths, torch.float32, max_len=200, slot_start=0)
-    out = interpreter(q, k[:64], v[:64], key_lengths, 0.125)
+    out = interpreter(q, k[:64], v[:64], key_lengths, 0.125, zeros(64))
     torch.testing.assert_close(out, reference(q, k, v, key_lengths, 0), atol=2e-5, rtol=0)
 
 

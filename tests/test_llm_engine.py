@@ -353,7 +353,7 @@ def test_bucket_helpers(model):
 
     assert kv_buckets(2560) == [256, 512, 1024, 2048, 2560]
     assert kv_buckets(96) == [96]
-    assert prefill_buckets(300) == [32, 64, 128, 256]
+    assert prefill_buckets(300) == [32, 64, 96, 128, 192, 256]
     assert [bucket_of([8, 16, 32], n) for n in (1, 8, 9, 32)] == [8, 8, 16, 32]
     runner = make_engine(model, kv_lengths=[16, 40]).runner
     assert runner.kv_lengths == [16, 40, 96]

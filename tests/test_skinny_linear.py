@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from triton_interpreter import IN_INTERPRETER, VOCAB, interpreted, run_under_interpreter, tiny_model
 
 from tritontts.llm.engine import LLMEngine
-from tritontts.llm.model import LayerShape, project
+from tritontts.llm.model import LayerShape, add_delta, project
 from tritontts.llm.runner import resolve_decode_attention
 from tritontts.llm.sequence import SamplingParams
 
@@ -20,6 +20,11 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 @pytest.fixture(scope="module")
 def model():
     return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def module():
+    return interpreted("tritontts.llm.skinny_linear")
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,36 @@ def test_kernel_equals_f_linear(kernel, dtype, rows, bias, silu_mul, out_feature
     out = kernel(x, w, b, silu_mul)
     assert out.dtype == dtype and out.shape == (rows, out_features // 2 if silu_mul else out_features)
     torch.testing.assert_close(out.float(), expected(x, w, b, silu_mul), atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("splits, block_k, shares", [(5, 32, 5), (4, 64, 3), (8, 128, 3), (1, 64, 1)])
+def test_shares_sum_to_the_product(module, dtype, splits, block_k, shares):
+    gen = torch.Generator().manual_seed(splits)
+    x = torch.randn(1, 300, generator=gen).to(dtype)
+    w = (torch.randn(40, 300, generator=gen) * 300**-0.5).to(dtype)
+    out = module.skinny_linear_partials(x, w, splits, 4, block_k)
+    assert out.dtype == torch.float32 and out.shape == (shares, 1, 40)
+    torch.testing.assert_close(out.sum(0), expected(x, w, None, False), atol=2e-5, rtol=0)
+    chunk = -(-300 // shares // block_k) * block_k
+    first = x[:, :chunk].float() @ w[:, :chunk].float().T
+    torch.testing.assert_close(out[0], first, atol=2e-5, rtol=0)
+
+
+def test_project_with_shares_and_add_delta(module):
+    shape = LayerShape(2, 1, 16, 1e-6, decode_linear="triton")
+    gen = torch.Generator().manual_seed(3)
+    x, w = torch.randn(1, 1, 4096, generator=gen), torch.randn(48, 4096, generator=gen) * 4096**-0.5
+    shares = project(shape, x, w, shares=True)
+    assert shares.shape == (module.DOWN_SPLITS, 1, 1, 48)
+    residual = torch.randn(1, 1, 48, generator=gen).to(torch.bfloat16)
+    total = add_delta(residual, shares)
+    assert total.dtype == torch.bfloat16
+    torch.testing.assert_close(total.float(), (residual.float() + x @ w.T).bfloat16().float())
+    plain = project(LayerShape(2, 1, 16, 1e-6), x, w, shares=True)
+    assert plain.shape == (1, 1, 48) and torch.equal(
+        add_delta(residual, plain.bfloat16()), residual + plain.bfloat16()
+    )
 
 
 def test_other_block_sizes_give_the_same_product(kernel):

@@ -97,6 +97,7 @@ class Context:
     slots: slice | None  # cache rows read (None for a fresh prefill)
     real: torch.Tensor | None  # [B, L, 1, 1] for right-padded prompts
     lengths: torch.Tensor | None = None  # [B] keys each row sees: set for the fused decode attention
+    counters: torch.Tensor | None = None  # int32 zeros [B * kv_heads]: its splits combine without a kernel
 
 
 def decode_lengths(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -105,12 +106,31 @@ def decode_lengths(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
 
 
 def fused_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: Context
+    qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: Context, shape: LayerShape
 ) -> torch.Tensor:
-    """The Triton kernel of `tritontts.llm.decode_attention` (imported by whoever chose it): row b attends
-    to the first `ctx.lengths[b]` keys of its cache row, read in place."""
-    keys, values = k_cache[ctx.slots], v_cache[ctx.slots]
-    return torch.ops.tritontts.decode_attention(q, keys, values, ctx.lengths, q.shape[-1] ** -0.5)
+    """A decode step's attention in the Triton kernel of `tritontts.llm.decode_attention` (imported by whoever
+    chose it), from its q/k/v projection `[B, q + 2 kv]`: the kernel rotates the queries and the new keys (RoPE
+    at `ctx.cos`, `ctx.sin`), writes the new keys and values into the cache rows `ctx.slots` at `ctx.positions`,
+    and row b attends to the first `ctx.lengths[b]` keys of its cache row, read in place."""
+    batch, heads, kv_heads, dim = qkv.shape[0], shape.heads, shape.kv_heads, shape.head_dim
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    counters = ctx.counters
+    if counters is None:
+        counters = torch.zeros(batch * kv_heads, dtype=torch.int32, device=qkv.device)
+    return torch.ops.tritontts.decode_attention(
+        q.view(batch, heads, dim),
+        k_cache,
+        v_cache,
+        ctx.lengths,
+        dim**-0.5,
+        counters,
+        ctx.cos.reshape(batch, dim),
+        ctx.sin.reshape(batch, dim),
+        ctx.slots.start or 0,
+        k.view(batch, kv_heads, dim),
+        v.view(batch, kv_heads, dim),
+        ctx.positions.reshape(batch),
+    )
 
 
 def attention_block(
@@ -124,8 +144,10 @@ def attention_block(
     batch, length, _ = qkv.shape
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     groups = heads // kv_heads
+    fused = shape.decode_attention == "triton" and ctx.lengths is not None and ctx.slots is not None
+    if fused and length == 1:  # a decode step
+        return fused_decode_attention(qkv.reshape(batch, -1), k_cache, v_cache, ctx, shape).view(batch, 1, -1)
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-    q = apply_rope(q.view(batch, length, heads, dim), ctx.cos, ctx.sin)
     k = apply_rope(k.view(batch, length, kv_heads, dim), ctx.cos, ctx.sin)
     v = v.view(batch, length, kv_heads, dim)
     new_k, new_v = k, v
@@ -134,9 +156,7 @@ def attention_block(
         new_v = torch.where(ctx.real, v, v_cache[ctx.rows, :, ctx.positions])
     k_cache[ctx.rows, :, ctx.positions] = new_k
     v_cache[ctx.rows, :, ctx.positions] = new_v
-    fused = shape.decode_attention == "triton" and ctx.lengths is not None and ctx.slots is not None
-    if fused and length == 1:  # a decode step
-        return fused_decode_attention(q.view(batch, heads, dim), k_cache, v_cache, ctx).view(batch, 1, -1)
+    q = apply_rope(q.view(batch, length, heads, dim), ctx.cos, ctx.sin)
     if ctx.slots is None:  # a fresh prefill: its keys are all there is (padding is masked)
         keys, values = k.transpose(1, 2), v.transpose(1, 2)
     else:
@@ -164,11 +184,22 @@ def decoder_layer(
     first layer); returns the stream after attention and this layer's MLP output."""
     input_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w = weights
     if delta is not None:
-        x = x + delta
+        x = add_delta(x, delta)
     qkv = project(shape, rms_norm(x, input_norm, shape.eps), qkv_w, qkv_b)
     x = x + project(shape, attention_block(shape, qkv, k_cache, v_cache, ctx), o_w)
     hidden = project(shape, rms_norm(x, post_norm, shape.eps), gate_up_w, silu_mul=True)
-    return x, project(shape, hidden, down_w)
+    return x, project(shape, hidden, down_w, shares=True)
+
+
+def add_delta(x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """`x + delta`, where `delta` may be fp32 shares `[S, *x.shape]` of a layer's output (see `project`), added up
+    element by element so that a compiled caller fuses the sum into what follows."""
+    if delta.dim() == x.dim():
+        return x + delta
+    total = x.float()
+    for share in delta.unbind(0):
+        total = total + share
+    return total.to(x.dtype)
 
 
 SKINNY_ROWS, SKINNY_IN = 1, 2048  # tritontts.llm.skinny_linear.MAX_ROWS and MAX_IN, without importing triton
@@ -180,12 +211,19 @@ def project(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     silu_mul: bool = False,
+    shares: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` of `x [B, L, K]`; with `silu_mul`, `silu(gate) * up` of its two halves. A decode
     step of up to SKINNY_ROWS rows takes the skinny Triton kernel where `shape.decode_linear` says so (inputs up to
-    SKINNY_IN wide)."""
+    SKINNY_IN wide, or any width with `shares`, when the caller takes fp32 shares `[S, B, L, N]` that sum to the
+    product: see `add_delta`)."""
     batch, length, width = x.shape
-    if shape.decode_linear == "triton" and length == 1 and batch <= SKINNY_ROWS and width <= SKINNY_IN:
+    skinny = shape.decode_linear == "triton" and length == 1 and batch <= SKINNY_ROWS
+    if skinny and shares and bias is None and not silu_mul:
+        rows = x.reshape(batch, width).contiguous()
+        out = torch.ops.tritontts.skinny_linear_partials(rows, weight)
+        return out.view(out.shape[0], batch, 1, -1)
+    if skinny and width <= SKINNY_IN:
         rows = x.reshape(batch, width).contiguous()
         return torch.ops.tritontts.skinny_linear(rows, weight, bias, silu_mul).view(batch, 1, -1)
     out = F.linear(x, weight, bias)
@@ -319,7 +357,7 @@ class Qwen2ForCausalLM(nn.Module):
         last_only: bool = True,
     ) -> torch.Tensor:
         """fp32 logits of the residual stream after the last layer."""
-        x = x + delta
+        x = add_delta(x, delta)
         if last_only:
             x = x[:, -1] if lengths is None else x[torch.arange(x.shape[0], device=x.device), lengths - 1]
         return F.linear(self.model.norm(x), self.lm_weight()).float()

@@ -100,7 +100,9 @@ def kv_buckets(max_seq_len: int) -> list[int]:
 
 def prefill_buckets(max_seq_len: int) -> list[int]:
     """Padded prompt lengths with a prefill graph (prompts must be shorter than `max_seq_len`)."""
-    return [n for n in (32, 64, 128, 256, 384, 512, 768, 1024) if n < max_seq_len]
+    return [
+        n for n in (32, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024) if n < max_seq_len
+    ]
 
 
 def bucket_of(buckets: list[int], n: int) -> int:
@@ -153,6 +155,9 @@ class ModelRunner:
         self.rope_tables = (model.rope_typed, model.index)
         self.cache = KVCache(config, max_batch_size, max_seq_len, self.device, self.dtype)
         self.state = SlotState(max_batch_size, config.vocab_size, self.device)
+        self.attention_counters = torch.zeros(
+            max_batch_size * config.num_key_value_heads, dtype=torch.int32, device=self.device
+        )
         self.decode_attention = resolve_decode_attention(decode_attention, self.device, config.head_dim)
         self.decode_linear = resolve_decode_attention(
             decode_linear, self.device, config.head_dim, "decode_linear"
@@ -326,7 +331,8 @@ class ModelRunner:
         tokens, positions = state.last_token[:batch].unsqueeze(1), state.position[:batch].unsqueeze(1)
         ctx = self.model.context(tokens, positions, slice(0, batch), kv_len)
         if self.decode_attention == "triton":
-            ctx = dataclasses.replace(ctx, lengths=decode_lengths(positions, kv_len))
+            lengths = decode_lengths(positions, kv_len)
+            ctx = dataclasses.replace(ctx, lengths=lengths, counters=self.attention_counters)
         if self.compiled:
             torch._dynamo.maybe_mark_dynamic(ctx.blocked, 3)  # one compiled layer for every key length
         x, delta = self.model.model.embed_tokens(tokens), None

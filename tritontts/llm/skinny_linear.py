@@ -4,7 +4,11 @@ At batch 1-4 a decode step's projections are matrix-vector products: cuBLAS runs
 a split-K reduction after them), and the bias, the SiLU gating and their launches come on top. Here programs over
 blocks of output features each read their rows of the weight once, multiply them with every input row in fp32
 and write the output with the bias added, or, for the fused gate/up projection, `silu(gate) * up` (the weight's
-first half gives the gate rows, its second half the up rows), so the MLP's activation kernel goes too. No host
+first half gives the gate rows, its second half the up rows), so the MLP's activation kernel goes too.
+
+Long inputs (the MLP's down projection) split their features over more programs (`skinny_linear_partials`): each
+writes the fp32 sum of its share, and whoever reads the output adds the shares up (the next layer's residual +
+RMSNorm, compiled into one kernel), so no reduction kernel runs after the projection. No host
 sync, no data-dependent allocation: it runs inside CUDA graph capture and, as a `torch.library.triton_op`, inside
 torch.compile.
 
@@ -21,7 +25,10 @@ from torch.library import triton_op, wrap_triton
 MAX_ROWS = 1
 """The most input rows (decode batch) the kernel takes: at 4 rows cuBLAS was faster in every projection (H100)."""
 MAX_IN = 2048
-"""The longest input rows it takes: for the MLP's down projection (4864) cuBLAS was as fast."""
+"""The longest input rows `skinny_linear` takes: for the MLP's down projection (4864) cuBLAS was as fast;
+`skinny_linear_partials` takes any."""
+DOWN_SPLITS = 4
+"""Shares of the input features `skinny_linear_partials` sums apart by default."""
 
 
 @triton.jit
@@ -34,9 +41,11 @@ def _skinny_kernel(
     n_out,
     k_in,
     up_offset,
+    k_chunk,
     stride_xm,
     stride_wn,
     stride_om,
+    stride_os,
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -44,14 +53,16 @@ def _skinny_kernel(
     SILU_MUL: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = tl.program_id(1) * k_chunk
+    k_end = tl.minimum(k_start + k_chunk, k_in)
     offs_m = tl.arange(0, M_PAD)
     n_mask = offs_n < n_out
     m_mask = offs_m < rows
     acc3 = tl.zeros([M_PAD, BLOCK_N, BLOCK], dtype=tl.float32)
     up3 = tl.zeros([M_PAD, BLOCK_N, BLOCK], dtype=tl.float32)
-    for k0 in range(0, k_in, BLOCK):
+    for k0 in range(k_start, k_end, BLOCK):
         offs_k = k0 + tl.arange(0, BLOCK)
-        k_mask = offs_k < k_in
+        k_mask = offs_k < k_end
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
             mask=m_mask[:, None] & k_mask[None, :],
@@ -71,7 +82,7 @@ def _skinny_kernel(
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if SILU_MUL:
         acc = acc * tl.sigmoid(acc) * acc_up
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    out = out_ptr + tl.program_id(1) * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
@@ -83,6 +94,33 @@ def block_n(n_out: int, k_in: int, silu_mul: bool = False) -> int:
 
 def default_block_k(silu_mul: bool) -> int:
     return 256 if silu_mul else 512
+
+
+def _launch(x, weight, bias, out, n_out, silu_mul, width, block_k, splits=1) -> None:
+    rows, k_in = x.shape
+    block = block_k or default_block_k(silu_mul)
+    k_chunk = triton.cdiv(triton.cdiv(k_in, splits), block) * block
+    wrap_triton(_skinny_kernel)[(triton.cdiv(n_out, width), triton.cdiv(k_in, k_chunk))](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        rows,
+        n_out,
+        k_in,
+        n_out,
+        k_chunk,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(-2),
+        out.stride(0) if out.dim() == 3 else 0,
+        M_PAD=triton.next_power_of_2(rows),
+        BLOCK_N=width,
+        BLOCK=block,
+        HAS_BIAS=bias is not None,
+        SILU_MUL=silu_mul,
+        num_warps=4,
+    )
 
 
 @triton_op("tritontts::skinny_linear", mutates_args={})
@@ -100,24 +138,20 @@ def skinny_linear(
     rows, k_in = x.shape
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(rows, n_out, device=x.device, dtype=x.dtype)
-    width = width or block_n(n_out, k_in, silu_mul)
-    wrap_triton(_skinny_kernel)[(triton.cdiv(n_out, width),)](
-        x,
-        weight,
-        bias if bias is not None else weight,
-        out,
-        rows,
-        n_out,
-        k_in,
-        n_out,
-        x.stride(0),
-        weight.stride(0),
-        out.stride(0),
-        M_PAD=triton.next_power_of_2(rows),
-        BLOCK_N=width,
-        BLOCK=block_k or default_block_k(silu_mul),
-        HAS_BIAS=bias is not None,
-        SILU_MUL=silu_mul,
-        num_warps=4,
-    )
+    _launch(x, weight, bias, out, n_out, silu_mul, width or block_n(n_out, k_in, silu_mul), block_k)
+    return out
+
+
+@triton_op("tritontts::skinny_linear_partials", mutates_args={})
+def skinny_linear_partials(
+    x: torch.Tensor, weight: torch.Tensor, splits: int = DOWN_SPLITS, width: int = 0, block_k: int = 0
+) -> torch.Tensor:
+    """`x @ weight.T` for `x [M, K]` as fp32 shares `[S, M, N]` whose sum over the first dimension is the product:
+    share s sums about `K / splits` consecutive input features (S is `splits` or fewer, when K is short)."""
+    rows, k_in = x.shape
+    n_out = weight.shape[0]
+    block = block_k or default_block_k(False)
+    shares = triton.cdiv(k_in, triton.cdiv(triton.cdiv(k_in, splits), block) * block)
+    out = torch.empty(shares, rows, n_out, device=x.device, dtype=torch.float32)
+    _launch(x, weight, None, out, n_out, False, width or block_n(n_out, k_in), block, splits)
     return out
