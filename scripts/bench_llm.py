@@ -74,6 +74,9 @@ def parse_args() -> argparse.Namespace:
         default="fold",
         help="how the Triton decode attention combines its splits: in its last split (default) or a second kernel",
     )
+    parser.add_argument(
+        "--max-top-k", type=int, default=0, help="the engine's max_top_k (default: top-k, at least 64)"
+    )
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.95)
@@ -390,7 +393,7 @@ def main() -> None:
         max_seq_len=args.max_seq_len,
         cuda_graphs=not args.no_cuda_graphs,
         compile=args.compile,
-        max_top_k=max(args.top_k, 64),
+        max_top_k=args.max_top_k or max(args.top_k, 64),
         decode_attention=args.decode_attention,
         decode_linear=args.decode_linear,
     )

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A decode step's projections at batch 1-4: cuBLAS (`F.linear`, then SiLU-gating for gate/up) against the skinny
+"""A decode step's projections at batch 1-64: cuBLAS (`F.linear`, then SiLU-gating for gate/up) against the skinny
 Triton kernel (`tritontts.llm.skinny_linear`) with its default and other block sizes, on one CUDA GPU.
 
     python scripts/bench_skinny_linear.py [--rows 1,2,4] [--out skinny_linear.json]
@@ -79,30 +79,42 @@ def measure(x, weights, b, silu_mul: bool, calls: int, reps: int) -> dict:
     w = weights[0]
     n_out, k = (w.shape[0] // 2 if silu_mul else w.shape[0]), w.shape[1]
     expected = reference(x, w, b, silu_mul)
-    row = {"rows": x.shape[0], "out": n_out, "in": k, "default_width": block_n(n_out, k, silu_mul)}
+    row = {
+        "rows": x.shape[0],
+        "out": n_out,
+        "in": k,
+        "default_width": block_n(n_out, k, silu_mul, x.shape[0]),
+    }
     row["cublas_us"] = round(graphed_us(cycling(cublas, x, weights, b, silu_mul), calls, reps), 2)
     row["cublas_error"] = float((cublas(x, w, b, silu_mul).float() - expected).abs().max())
     row["skinny_error"] = float((skinny_linear(x, w, b, silu_mul).float() - expected).abs().max())
     variants = {"default": round(graphed_us(cycling(skinny_linear, x, weights, b, silu_mul), calls, reps), 2)}
-    for width in (2, 4, 8, 16):
-        for block_k in (128, 256, 512):
-            call = cycling(skinny_linear, x, weights, b, silu_mul, width, block_k)
-            variants[f"w{width}_k{block_k}"] = round(graphed_us(call, calls, reps), 2)
-    if not silu_mul and b is None and k > 2048:  # the down projection: fp32 shares, summed by the next layer
+    one_row = x.shape[0] == 1
+    if k <= 2048:  # tl.dot (more rows) needs 16 or more features per program
+        for width in (1, 2, 4, 8) if one_row else (16, 32):
+            for block_k in (256, 512, 1024) if one_row else (64, 128, 256):
+                for warps in (4, 8):
+                    call = cycling(skinny_linear, x, weights, b, silu_mul, width, block_k, warps)
+                    variants[f"w{width}_k{block_k}_n{warps}"] = round(graphed_us(call, calls, reps), 2)
+    if (
+        one_row and not silu_mul and b is None and k > 2048
+    ):  # the down projection: fp32 shares, summed by the next layer
         row["shares_error"] = float((skinny_linear_partials(x, w).sum(0) - expected).abs().max())
         row["shares_default_splits"] = DOWN_SPLITS
-        shares = cycling(
-            lambda x_, w_, b_, s_, *o: skinny_linear_partials(x_, w_, *o), x, weights, b, silu_mul
+
+        def shares(x_, w_, b_, s_, *options):
+            return skinny_linear_partials(x_, w_, *options)
+
+        variants["shares_default"] = round(
+            graphed_us(cycling(shares, x, weights, b, silu_mul), calls, reps), 2
         )
-        variants["shares_default"] = round(graphed_us(shares, calls, reps), 2)
-        for splits in (2, 3, 4, 5, 6, 8, 10):
-            for width in (1, 2, 4, 8):
-                for block_k in (256, 512):
-                    call = cycling(
-                        lambda x_, w_, b_, s_, *o: skinny_linear_partials(x_, w_, *o),
-                        x, weights, b, silu_mul, splits, width, block_k,
-                    )  # fmt: skip
-                    variants[f"shares{splits}_w{width}_k{block_k}"] = round(graphed_us(call, calls, reps), 2)
+        for splits in (4, 5, 8):
+            for width in (2, 4):
+                for block_k in (512, 1024):
+                    for warps in (4, 8):
+                        call = cycling(shares, x, weights, b, silu_mul, splits, width, block_k, warps)
+                        name = f"shares{splits}_w{width}_k{block_k}_n{warps}"
+                        variants[name] = round(graphed_us(call, calls, reps), 2)
     best = min(variants, key=variants.get)
     default = variants["default"]
     return row | {

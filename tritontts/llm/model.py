@@ -202,7 +202,7 @@ def add_delta(x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     return total.to(x.dtype)
 
 
-SKINNY_ROWS, SKINNY_IN = 1, 2048  # tritontts.llm.skinny_linear.MAX_ROWS and MAX_IN, without importing triton
+SKINNY_ROWS, DOT_ROWS, SKINNY_IN = 1, 64, 2048  # tritontts.llm.skinny_linear's MAX_ROWS, DOT_ROWS, MAX_IN
 
 
 def project(
@@ -213,17 +213,18 @@ def project(
     silu_mul: bool = False,
     shares: bool = False,
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` of `x [B, L, K]`; with `silu_mul`, `silu(gate) * up` of its two halves. A decode
-    step of up to SKINNY_ROWS rows takes the skinny Triton kernel where `shape.decode_linear` says so (inputs up to
-    SKINNY_IN wide, or any width with `shares`, when the caller takes fp32 shares `[S, B, L, N]` that sum to the
-    product: see `add_delta`)."""
+    """`F.linear(x, weight, bias)` of `x [B, L, K]`; with `silu_mul`, `silu(gate) * up` of its two halves. Where
+    `shape.decode_linear` says so, a decode step takes the Triton kernels of `tritontts.llm.skinny_linear`: at
+    SKINNY_ROWS rows every projection (inputs up to SKINNY_IN wide, or any width with `shares`, when the caller takes
+    fp32 shares `[S, B, L, N]` that sum to the product: see `add_delta`); up to DOT_ROWS rows all but the MLP's
+    down projection (cuBLAS stays faster there)."""
     batch, length, width = x.shape
-    skinny = shape.decode_linear == "triton" and length == 1 and batch <= SKINNY_ROWS
-    if skinny and shares and bias is None and not silu_mul:
+    skinny = shape.decode_linear == "triton" and length == 1
+    if skinny and batch <= SKINNY_ROWS and shares and bias is None and not silu_mul:
         rows = x.reshape(batch, width).contiguous()
         out = torch.ops.tritontts.skinny_linear_partials(rows, weight)
         return out.view(out.shape[0], batch, 1, -1)
-    if skinny and width <= SKINNY_IN:
+    if skinny and width <= SKINNY_IN and (batch <= SKINNY_ROWS or (not shares and batch <= DOT_ROWS)):
         rows = x.reshape(batch, width).contiguous()
         return torch.ops.tritontts.skinny_linear(rows, weight, bias, silu_mul).view(batch, 1, -1)
     out = F.linear(x, weight, bias)
