@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from tritontts.llm.kv_cache import KVCache
-from tritontts.llm.model import Qwen2ForCausalLM, decode_lengths, decoder_layer
+from tritontts.llm.model import Context, Qwen2ForCausalLM, decode_lengths, decoder_layer
 from tritontts.llm.sampling import sample
 from tritontts.llm.sequence import SamplingParams
 from tritontts.llm.slot_state import SlotState
@@ -192,11 +192,15 @@ class ModelRunner:
         self.compiled = compile
         self.layer_fn = decoder_layer
         self.finish_fn = self._finish
+        self.inputs_fn = self._decode_inputs
         if compile:
             limit = 8 * len(self.buckets) + 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
             self.layer_fn = torch.compile(decoder_layer, fullgraph=True, dynamic=False)
             self.finish_fn = torch.compile(self._finish, fullgraph=True, dynamic=False)
+            self.inputs_fn = torch.compile(
+                self._decode_inputs, fullgraph=True
+            )  # sizes go dynamic on recompiles
         self.pad_to_bucket = cuda_graphs or compile
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -327,18 +331,25 @@ class ModelRunner:
         self.state.clear(slot)
 
     def _decode_step(self, batch: int, kv_len: int) -> None:
-        state = self.state
-        tokens, positions = state.last_token[:batch].unsqueeze(1), state.position[:batch].unsqueeze(1)
-        ctx = self.model.context(tokens, positions, slice(0, batch), kv_len)
-        if self.decode_attention == "triton":
-            lengths = decode_lengths(positions, kv_len)
-            ctx = dataclasses.replace(ctx, lengths=lengths, counters=self.attention_counters)
+        x, cos, sin, blocked, rows, positions, lengths = self.inputs_fn(batch, kv_len)
+        counters = self.attention_counters if lengths is not None else None
+        ctx = Context(cos, sin, positions, blocked, rows, slice(0, batch), None, lengths, counters)
         if self.compiled:
             torch._dynamo.maybe_mark_dynamic(ctx.blocked, 3)  # one compiled layer for every key length
-        x, delta = self.model.model.embed_tokens(tokens), None
+        delta = None
         for weights, k_cache, v_cache in zip(self.weights, self.cache.k, self.cache.v):
             x, delta = self.layer_fn(self.shape, weights, x, delta, k_cache, v_cache, ctx)
         self.finish_fn(batch, x, delta)
+
+    def _decode_inputs(self, batch: int, kv_len: int) -> tuple:
+        """A decode step's embedded tokens and what its layers read besides (see `Context`), from the slots'
+        state: under torch.compile one kernel or two rather than one per gather and mask."""
+        state = self.state
+        tokens, positions = state.last_token[:batch].unsqueeze(1), state.position[:batch].unsqueeze(1)
+        ctx = self.model.context(tokens, positions, slice(0, batch), kv_len)
+        lengths = decode_lengths(positions, kv_len) if self.decode_attention == "triton" else None
+        x = self.model.model.embed_tokens(tokens)
+        return x, ctx.cos, ctx.sin, ctx.blocked, ctx.rows, ctx.positions, lengths
 
     def _finish(self, batch: int, x: torch.Tensor, delta: torch.Tensor) -> None:
         """Logits, sampling and the slots' advance (no host sync)."""
