@@ -66,7 +66,7 @@ def parse_args() -> argparse.Namespace:
         "--decode-linear",
         choices=DECODE_ATTENTION,
         default="auto",
-        help="batch-1 decode steps' projections: the skinny Triton kernels, cuBLAS (torch), or auto (Triton on CUDA)",
+        help="decode steps' projections at batch 1-64: the Triton kernels, cuBLAS (torch), or auto (Triton on CUDA)",
     )
     parser.add_argument(
         "--attention-combine",

@@ -39,7 +39,7 @@ def get_parser() -> argparse.ArgumentParser:
         "--decode-linear",
         choices=("auto", "triton", "torch"),
         default="auto",
-        help="batch-1 decode steps' projections: skinny Triton kernels (auto: on CUDA) or cuBLAS",
+        help="decode steps' projections at batch 1-64: Triton kernels (auto: on CUDA) or cuBLAS",
     )
     p.add_argument("--log-level", default="info")
     return p
