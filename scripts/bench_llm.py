@@ -383,9 +383,14 @@ def main() -> None:
     start = time.perf_counter()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if args.attention_combine == "kernel":
+        import torch._functorch.config as functorch_config
+
         import tritontts.llm.decode_attention as kernels
 
         kernels.FOLD_COMBINE = False
+        # inductor's caches do not key on it: a graph compiled with the fold would come back from them
+        torch._inductor.config.fx_graph_cache = False
+        functorch_config.enable_autograd_cache = False
     engine = LLMEngine.from_model(
         ours_model,
         max_batch_size=max(batch_sizes),

@@ -61,9 +61,11 @@ def random_inputs(lengths, dtype, max_len=320, heads=14, kv_heads=2, dim=64, slo
     return q, k, v, torch.tensor(lengths)
 
 
+@pytest.mark.parametrize("fold", [True, False], ids=["last_split_combines", "combine_kernel"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("max_len", [320, 64], ids=["splits", "one_split"])
-def test_kernel_equals_the_torch_attention(interpreter, dtype, max_len):
+def test_kernel_equals_the_torch_attention(interpreter, dtype, max_len, fold, monkeypatch):
+    monkeypatch.setattr("tritontts.llm.decode_attention.FOLD_COMBINE", fold)
     lengths = [1, 17, 64, 300] if max_len > 64 else [1, 17, 40, 64]
     q, k, v, key_lengths = random_inputs(lengths, dtype, max_len)
     out = interpreter(q, k[1:5], v[1:5], key_lengths, q.shape[-1] ** -0.5, zeros(4))

@@ -25,7 +25,9 @@ from torch.library import triton_op, wrap_triton
 BLOCK_N = 64  # keys per loop iteration of a split
 LOG2E = 1.4426950408889634
 FOLD_COMBINE = True
-"""Given counters, the last split of a (row, KV head) combines (no second kernel); False: the combine kernel."""
+"""True: the last split of a (row, KV head) to finish combines, counted with the op's `counters` (no second
+kernel); False: the combine kernel. Read when the op is traced: compiled callers keep the value they were compiled
+with (inductor's caches too)."""
 
 
 @triton.jit

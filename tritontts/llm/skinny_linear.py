@@ -112,8 +112,9 @@ def _skinny_kernel(
 
 
 def block_n(n_out: int, k_in: int, silu_mul: bool = False, rows: int = 1) -> int:
-    """Output features per program, as measured best on an H100 (scripts/bench_skinny_linear.py): at one row 4 for
-    up to 1024 outputs, else 2 (more programs in flight); with `tl.dot` (16 or more) 32 for the gated MLP, else 16."""
+    """Output features per program, as measured best on an H100 (scripts/bench_skinny_linear.py): at one row 2 for the
+    gated MLP and above 1024 outputs (more programs in flight), else 4; with `tl.dot` (16 or more) 32 for the gated
+    MLP, else 16."""
     if rows > MAX_ROWS:
         return 32 if silu_mul else 16
     return 2 if silu_mul or n_out > 1024 else 4
