@@ -38,7 +38,13 @@ from tritontts.bench.dataset import DatasetError, Utterance, load_manifest, load
 from tritontts.bench.durations import expected_tokens
 from tritontts.bench.per_server import parse_servers, server_of_worker, server_rows, server_table
 from tritontts.bench.report import markdown_table, write_report
-from tritontts.bench.server_stages import breakdown_line, first_chunk_breakdown, scrape
+from tritontts.bench.server_stages import (
+    breakdown_line,
+    first_chunk_breakdown,
+    model_breakdown,
+    model_breakdown_line,
+    scrape,
+)
 from tritontts.bench.stats import BenchmarkRun, RequestRecord, summarize
 from tritontts.streaming import crossfade_concat
 from tritontts.voice_modes import add_mode_arguments, mode_arrays, mode_parameters
@@ -54,8 +60,9 @@ def get_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         default=0,
-        help="Triton metrics port of --server-addr: streaming runs then report where first chunks spend their "
-        "time (the BLS's and token2wav's stage metrics); 0: off",
+        help="Triton metrics port of --server-addr: runs then report each model's requests, batching and mean "
+        "times (Triton's counters), and streaming runs where first chunks spend their time (the BLS's and "
+        "token2wav's stage metrics); 0: off",
     )
     p.add_argument(
         "--server-addrs",
@@ -320,8 +327,8 @@ def run_benchmark(
 
 
 def stage_metrics_url(args: argparse.Namespace) -> str | None:
-    """Where to read the stage metrics: streaming runs against one server with --metrics-port set."""
-    if args.metrics_port <= 0 or args.mode != "streaming" or args.server_addrs:
+    """Where to read the metrics: runs against one server with --metrics-port set."""
+    if args.metrics_port <= 0 or args.server_addrs:
         return None
     return f"http://{args.server_addr}:{args.metrics_port}/metrics"
 
@@ -395,11 +402,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         before = scrape(metrics_url) if metrics_url else None
         runs.append(run_benchmark(args, items, level, wav_dir, record_servers))
         if before is not None:
-            first_chunk = summarize(runs[-1]).first_chunk_latency
-            client_ms = None if first_chunk is None else first_chunk.avg * 1000.0
-            breakdown = first_chunk_breakdown(before, scrape(metrics_url), client_ms)
-            stages.append({"concurrency": runs[-1].concurrency, **breakdown})
-            print(f"concurrency {runs[-1].concurrency}: {breakdown_line(breakdown)}", file=sys.stderr)
+            after = scrape(metrics_url)
+            entry = {"concurrency": runs[-1].concurrency, "models": model_breakdown(before, after)}
+            print(
+                f"concurrency {entry['concurrency']}: {model_breakdown_line(entry['models'])}",
+                file=sys.stderr,
+            )
+            if args.mode == "streaming":
+                first_chunk = summarize(runs[-1]).first_chunk_latency
+                client_ms = None if first_chunk is None else first_chunk.avg * 1000.0
+                entry.update(first_chunk_breakdown(before, after, client_ms))
+                print(f"concurrency {entry['concurrency']}: {breakdown_line(entry)}", file=sys.stderr)
+            stages.append(entry)
         rows = server_rows(runs[-1], record_servers, targets, args.num_gpus)
         per_server.append({"concurrency": runs[-1].concurrency, "servers": rows})
     metadata = {
@@ -422,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.server_addrs:
         metadata["per_server"] = per_server
     if stages:
-        metadata["first_chunk_stages"] = stages
+        metadata["server_stages"] = stages
     paths = write_report(runs, log_dir, metadata)
     print(markdown_table(runs), end="")
     if args.server_addrs:
@@ -435,10 +449,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(tables, end="")
     if stages:
         with open(paths["markdown"], "a", encoding="utf-8") as markdown:
-            markdown.write("\n## First chunk stages (means, server metrics)\n\n")
-            markdown.write(
-                "".join(f"- concurrency {s['concurrency']}: {breakdown_line(s)}\n" for s in stages)
-            )
+            markdown.write("\n## Server stages (means, server metrics)\n\n")
+            for s in stages:
+                markdown.write(f"- concurrency {s['concurrency']}: {model_breakdown_line(s['models'])}\n")
+                if "bls" in s:
+                    markdown.write(f"- concurrency {s['concurrency']}: {breakdown_line(s)}\n")
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
     failed = sum(not r.ok for run in runs for r in run.records)
     if failed:

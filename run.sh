@@ -76,6 +76,7 @@ max_queue_delay_microseconds=0
 bls_instance_num=4
 audio_tokenizer_instance_num=1
 vocoder_instance_num=1
+vocoder_cuda_graphs=auto            # spark_tts: BiCodec's padded vocoder passes replayed from CUDA graphs: auto (on CUDA) | true | false
 model_device=auto                   # audio tokenizer and vocoder: auto | cuda | cpu
 server_timeout=600                  # seconds stage 3 waits for readiness
 foreground=false                    # stage 3: stay attached to the server (containers)
@@ -500,7 +501,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     fill "$model_repo/audio_tokenizer/config.pbtxt" \
       "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device},max_reference_seconds:${max_reference_seconds}"
     fill "$model_repo/vocoder/config.pbtxt" \
-      "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device}"
+      "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device},cuda_graphs:${vocoder_cuda_graphs}"
     fill "$model_repo/spark_tts/config.pbtxt" \
       "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_llm_dir},${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds}"
   fi

@@ -42,7 +42,12 @@ def build_spark_models(repo: Path, data: Path) -> None:
         "audio_tokenizer",
         f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,max_reference_seconds:30",
     )
-    install("vocoder", repo, "vocoder", f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu")
+    install(
+        "vocoder",
+        repo,
+        "vocoder",
+        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto",
+    )
     for name, decoupled, slots in (("tensorrt_llm", True, LLM_SLOTS), ("tensorrt_llm_offline", False, 8)):
         install(
             "tensorrt_llm_torch",

@@ -20,6 +20,7 @@ from tritontts.bench.server_stages import (
     BLS_SECONDS,
     TOKEN2WAV_COUNT,
     TOKEN2WAV_SECONDS,
+    model_breakdown,
     parse_samples,
     scrape,
     stage_means_ms,
@@ -116,7 +117,7 @@ def test_benchmark_reports_the_first_chunk_stages(server, prompt_zh, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "log" / "summary.json").read_text())
-    (stages,) = summary["first_chunk_stages"]
+    (stages,) = summary["server_stages"]
     assert [r["chunks"] > 1 for r in summary["runs"][0]["records"]] == [True] * 4
     assert stages["concurrency"] == 2 and stages["bls"]["count"] == 4
     assert list(stages["bls"]["stages_ms"]) == list(FIRST_CHUNK_STAGES)
@@ -125,7 +126,10 @@ def test_benchmark_reports_the_first_chunk_stages(server, prompt_zh, tmp_path):
     assert stages["client_beyond_bls_ms"] == pytest.approx(
         client_avg_ms - sum(stages["bls"]["stages_ms"].values())
     )
-    assert "First chunk stages" in (tmp_path / "log" / "summary.md").read_text()
+    bls_row = stages["models"][COSYVOICE2]
+    assert bls_row["requests"] == 4 and bls_row["request_ms"] > 0 and bls_row["compute_ms"] > 0
+    assert stages["models"][TOKEN2WAV]["requests"] >= 8  # each stream's first chunk and at least one more
+    assert "Server stages" in (tmp_path / "log" / "summary.md").read_text()
 
 
 def test_stage_means_divide_each_stage_by_the_events_between_two_scrapes():
@@ -146,3 +150,29 @@ def test_stage_means_divide_each_stage_by_the_events_between_two_scrapes():
         "stages_ms": {"x": 250.0, "y": 125.0},
     }
     assert stage_means_ms(before, before, "s_total", "n_total", {"model": "a"}) is None
+
+
+def test_model_breakdown_gives_means_per_request_of_the_models_that_served():
+    def exposition(requests_a: int, executions_a: int, request_us_a: float) -> str:
+        lines = []
+        for name, a, b in (
+            ("nv_inference_request_success", requests_a, 7),
+            ("nv_inference_exec_count", executions_a, 7),
+            ("nv_inference_request_duration_us", request_us_a, 70),
+            ("nv_inference_queue_duration_us", request_us_a / 10, 0),
+            ("nv_inference_compute_infer_duration_us", request_us_a / 2, 70),
+        ):
+            lines += [f"# TYPE {name} counter", f'{name}{{model="a",version="1"}} {a}']
+            lines.append(f'{name}{{model="b",version="1"}} {b}')
+        return "\n".join(lines) + "\n"
+
+    rows = model_breakdown(parse_samples(exposition(2, 2, 1000.0)), parse_samples(exposition(10, 4, 41000.0)))
+    assert rows == {
+        "a": {
+            "requests": 8,
+            "requests_per_execution": 4.0,
+            "request_ms": 5.0,
+            "queue_ms": 0.5,
+            "compute_ms": 2.5,
+        }
+    }

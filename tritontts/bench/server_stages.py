@@ -86,3 +86,50 @@ def breakdown_line(breakdown: dict) -> str:
     if breakdown.get("client_beyond_bls_ms") is not None:
         parts.append(f"client beyond BLS {breakdown['client_beyond_bls_ms']:.1f}")
     return "first chunk, ms: " + (", ".join(parts) if parts else "no stage metrics on the server")
+
+
+MODEL_COUNTERS = {
+    "requests": "nv_inference_request_success",
+    "executions": "nv_inference_exec_count",
+    "request_us": "nv_inference_request_duration_us",
+    "queue_us": "nv_inference_queue_duration_us",
+    "compute_us": "nv_inference_compute_infer_duration_us",
+}
+"""Triton's own per-model counters (labels model, version); the parser names a counter's samples `<name>_total`."""
+
+
+def model_breakdown(before: Samples, after: Samples) -> dict[str, dict]:
+    """Per model that served requests between the scrapes: requests, mean requests per execution, and mean
+    ms per request end to end (request), waiting in Triton's queue (queue) and in the model's execute
+    (compute; a BLS's includes the models it calls, a decoupled model's ends when execute returns)."""
+    totals: dict[str, dict[str, float]] = {}
+    for key, name in MODEL_COUNTERS.items():
+        for labels, value in _delta(before, after, name + "_total", {}).items():
+            model = dict(labels).get("model")
+            if model is not None:
+                totals.setdefault(model, {})[key] = totals.get(model, {}).get(key, 0.0) + value
+    rows = {}
+    for model in sorted(totals):
+        t = totals[model]
+        requests = t.get("requests", 0.0)
+        if requests <= 0:
+            continue
+        rows[model] = {
+            "requests": int(requests),
+            "requests_per_execution": round(requests / t["executions"], 2) if t.get("executions") else None,
+            **{
+                f"{key[:-3]}_ms": round(t.get(key, 0.0) / requests / 1000.0, 2)
+                for key in ("request_us", "queue_us", "compute_us")
+            },
+        }
+    return rows
+
+
+def model_breakdown_line(rows: dict[str, dict]) -> str:
+    """One line for a terminal: each model's mean request ms and batch."""
+    if not rows:
+        return "per model: no Triton model counters moved"
+    return "per model, ms per request: " + ", ".join(
+        f"{model} {row['request_ms']:.1f} (queue {row['queue_ms']:.1f}, {row['requests_per_execution']}/exec)"
+        for model, row in rows.items()
+    )

@@ -12,6 +12,7 @@ from tritontts.devices import resolve_device
 from tritontts.spark.audio import reference_clip, volume_normalize
 from tritontts.spark.bicodec import load_bicodec
 from tritontts.spark.config import SparkAudioConfig
+from tritontts.spark.padded_detokenize import PaddedDetokenizer, PaddedPasses
 from tritontts.spark.service import VoiceTokens
 from tritontts.wav2vec2 import load_wav2vec2
 
@@ -25,11 +26,15 @@ class SparkCodec:
         device: str | torch.device = "auto",
         dtype: torch.dtype = torch.float32,
         with_tokenizer: bool = True,
+        cuda_graphs: bool = True,
+        passes: PaddedPasses | None = None,
     ) -> None:
+        """`cuda_graphs`: on CUDA, detokenize replays its padded passes from CUDA graphs (see PaddedDetokenizer)."""
         model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.config = SparkAudioConfig.from_yaml(model_dir / "config.yaml")
         self.bicodec = load_bicodec(model_dir / "BiCodec", self.device, dtype)
+        self.detokenizer = PaddedDetokenizer(self.bicodec, passes, cuda_graphs=cuda_graphs)
         self.wav2vec2 = (
             load_wav2vec2(model_dir / "wav2vec2-large-xlsr-53", self.device, dtype)
             if with_tokenizer
@@ -57,17 +62,8 @@ class SparkCodec:
             for i, n in enumerate(frames.tolist())
         ]
 
-    @torch.inference_mode()
     def detokenize(
         self, global_tokens: Sequence[np.ndarray], semantic_tokens: Sequence[np.ndarray]
     ) -> list[np.ndarray]:
         """Token sequences (any lengths) → 16 kHz audio, `len(semantic) * 320` samples each."""
-        lengths = [len(s) for s in semantic_tokens]
-        padded = np.zeros((len(lengths), max(lengths)), dtype=np.int64)
-        for i, s in enumerate(semantic_tokens):
-            padded[i, : len(s)] = s
-        g = torch.from_numpy(np.stack([np.asarray(x, dtype=np.int64) for x in global_tokens])).to(self.device)
-        s = torch.from_numpy(padded).to(self.device)
-        audio = self.bicodec.detokenize(g, s, torch.tensor(lengths, device=self.device)).float().cpu().numpy()
-        hop = self.bicodec.hop_length
-        return [audio[i, : n * hop] for i, n in enumerate(lengths)]
+        return self.detokenizer.detokenize(global_tokens, semantic_tokens)

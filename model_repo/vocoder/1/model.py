@@ -1,10 +1,14 @@
-"""BiCodec vocoder: every request's tokens are turned into audio in one padded batch."""
+"""BiCodec vocoder: the requests of one execute are turned into audio in a few padded passes, each request's audio
+as it would be alone; on CUDA the passes replay from CUDA graphs (parameter `cuda_graphs`: auto | true | false),
+the shorter ones captured at load."""
 
 import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritontts.cuda_graphs import graphs_wanted
+from tritontts.devices import resolve_device
 from tritontts.spark.codec import SparkCodec
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.params import RequestError, error_response, model_param, required_input
@@ -25,8 +29,14 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        device = model_param(config, "device", default="auto")
-        self.codec = SparkCodec(model_param(config, "model_dir"), device, with_tokenizer=False)
+        device = resolve_device(model_param(config, "device", default="auto"))
+        graphs = graphs_wanted(model_param(config, "cuda_graphs", default="auto"), device)
+        self.codec = SparkCodec(
+            model_param(config, "model_dir"), device, with_tokenizer=False, cuda_graphs=graphs
+        )
+        captured = self.codec.detokenizer.warm()
+        if captured:
+            pb_utils.Logger.log_info(f"vocoder: {captured} padded passes captured in CUDA graphs")
 
     def execute(self, requests):
         responses, globals_, semantics, slots = [None] * len(requests), [], [], []

@@ -1,0 +1,185 @@
+"""BiCodec's detokenize for many items of different lengths in a few padded passes, each item exact.
+
+Every layer between the tokens and the audio is per frame except the convolutions. A convolution's input is
+zeroed past each item's end (forward pre-hooks, at that layer's rate), so it sees what the item alone sees: its
+zero padding. An item's audio in a padded pass therefore equals its audio alone, up to float rounding.
+
+On CUDA, passes are padded to frame and batch buckets and replayed from CUDA graphs captured per bucket pair
+(the vocoder's lengths are a new one per offline request: eager calls would pay cuDNN's plans and a few hundred
+launches each time). On the CPU, a pass is padded to its longest item only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from tritontts.cuda_graphs import bucket_for, check_buckets
+from tritontts.shape_graphs import ShapeGraphConfig, ShapeGraphs
+from tritontts.spark.bicodec import BiCodec
+from tritontts.spark.layers import WNConv1d, WNConvTranspose1d
+
+
+@dataclass(frozen=True)
+class PaddedPasses:
+    frame_buckets: tuple[int, ...] = (50, 100, 150, 200, 250, 300, 350, 400, 500, 600, 800, 1000, 1250, 1500)
+    """lengths a pass pads to on CUDA; longer passes pad to a multiple of the largest"""
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """items a pass pads to on CUDA (rows of length 0); more items take more passes"""
+    max_padded_frames: int = 4096
+    """a pass's padded frames (items x length) at most, unless one item alone is longer"""
+    graphs: ShapeGraphConfig = ShapeGraphConfig(max_graphs=40, min_uses=2, memory_limit_mib=4096)
+    warm_frames: int = 400
+    """on CUDA, passes up to this length are captured for every batch bucket at load (0: none)"""
+
+    def __post_init__(self) -> None:
+        check_buckets("frame_buckets", self.frame_buckets)
+        check_buckets("batch_buckets", self.batch_buckets)
+        if self.max_padded_frames < self.frame_buckets[-1]:
+            raise ValueError("max_padded_frames must hold the largest frame bucket")
+
+    def frames_for(self, length: int) -> int:
+        largest = self.frame_buckets[-1]
+        return bucket_for(self.frame_buckets, length) or -(-length // largest) * largest
+
+    def batch_for(self, items: int) -> int:
+        return bucket_for(self.batch_buckets, items) or items
+
+
+def temporal_convs(module: nn.Module) -> list[nn.Module]:
+    """The layers that mix frames: convolutions wider than one step, and transposed convolutions."""
+    convs = []
+    for layer in module.modules():
+        if isinstance(layer, WNConvTranspose1d):
+            convs.append(layer)
+        elif isinstance(layer, nn.Conv1d) and layer.kernel_size[0] > 1:
+            convs.append(layer)
+        elif isinstance(layer, WNConv1d) and layer.weight_v.shape[-1] > 1:
+            convs.append(layer)
+    return convs
+
+
+class FrameMask:
+    """While active, zeroes each hooked layer's input past every item's end: `lengths` are in token frames of
+    a `frames`-long pass; a layer at k times the token rate keeps `k * length` steps."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        self.lengths: Tensor | None = None
+        self.frames = 0
+        self.handles = [layer.register_forward_pre_hook(self._hook) for layer in layers]
+
+    def _hook(self, module: nn.Module, args: tuple) -> tuple | None:
+        if self.lengths is None:
+            return None
+        x = args[0]
+        steps = x.shape[-1]
+        keep = torch.arange(steps, device=x.device) < (self.lengths * (steps // self.frames)).unsqueeze(1)
+        return (x * keep.unsqueeze(1).to(x.dtype), *args[1:])
+
+    @contextmanager
+    def active(self, lengths: Tensor, frames: int):
+        self.lengths, self.frames = lengths, frames
+        try:
+            yield
+        finally:
+            self.lengths = None
+
+
+class PaddedDetokenizer:
+    """`detokenize(global_tokens, semantic_tokens)` → each item's audio, computed in padded passes."""
+
+    def __init__(
+        self,
+        bicodec: BiCodec,
+        passes: PaddedPasses | None = None,
+        bucketed: bool | None = None,
+        cuda_graphs: bool = True,
+    ) -> None:
+        """`bucketed` (default: on CUDA) pads passes to the buckets; CUDA graphs need it and a CUDA model."""
+        self.bicodec = bicodec
+        self.passes = passes or PaddedPasses()
+        self.device = bicodec.quantizer.codebook.weight.device
+        self.bucketed = self.device.type == "cuda" if bucketed is None else bucketed
+        self.mask = FrameMask(temporal_convs(bicodec.prenet) + temporal_convs(bicodec.decoder))
+        self.graphs = (
+            ShapeGraphs(self._run, self.device, self.passes.graphs, "BiCodec detokenize")
+            if self.bucketed and cuda_graphs and self.device.type == "cuda"
+            else None
+        )
+
+    @torch.inference_mode()
+    def _run(self, global_tokens: Tensor, semantic_tokens: Tensor, lengths: Tensor) -> Tensor:
+        bicodec = self.bicodec
+        speaker = bicodec.speaker_vector(global_tokens)
+        latents = bicodec.quantizer.detokenize(semantic_tokens)
+        with self.mask.active(lengths, semantic_tokens.shape[1]):
+            x = bicodec.prenet(latents, speaker) + speaker.unsqueeze(-1)
+            return bicodec.decoder(x)[:, 0]
+
+    def plan(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Item indices per pass, longest first: as many as the batch buckets and padded frames allow, of one
+        frame bucket when bucketed (else padded to the pass's longest)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        passes: list[list[int]] = []
+        for index in order:
+            current = passes[-1] if passes else None
+            if current is not None and len(current) < self.passes.batch_buckets[-1]:
+                frames = self._frames(lengths[current[0]])
+                same = not self.bucketed or self._frames(lengths[index]) == frames
+                if same and self._batch(len(current) + 1) * frames <= self.passes.max_padded_frames:
+                    current.append(index)
+                    continue
+            passes.append([index])
+        return passes
+
+    def _frames(self, length: int) -> int:
+        return self.passes.frames_for(length) if self.bucketed else length
+
+    def _batch(self, items: int) -> int:
+        return self.passes.batch_for(items) if self.bucketed else items
+
+    @torch.inference_mode()
+    def detokenize(
+        self, global_tokens: Sequence[np.ndarray], semantic_tokens: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        lengths = [len(s) for s in semantic_tokens]
+        audios: list[np.ndarray | None] = [None] * len(lengths)
+        hop = self.bicodec.hop_length
+        for items in self.plan(lengths):
+            frames, rows = self._frames(lengths[items[0]]), self._batch(len(items))
+            g = np.zeros((rows, len(global_tokens[items[0]])), dtype=np.int64)
+            s = np.zeros((rows, frames), dtype=np.int64)
+            n = np.zeros(rows, dtype=np.int64)
+            for row, index in enumerate(items):
+                g[row], s[row, : lengths[index]], n[row] = (
+                    global_tokens[index],
+                    semantic_tokens[index],
+                    lengths[index],
+                )
+            tensors = [torch.from_numpy(a).to(self.device) for a in (g, s, n)]
+            call = self.graphs if self.graphs is not None else self._run
+            audio = call(*tensors).float().cpu().numpy()
+            for row, index in enumerate(items):
+                audios[index] = audio[row, : lengths[index] * hop]
+        return audios
+
+    def warm(self) -> int:
+        """Capture the passes up to `warm_frames` for every batch bucket (CUDA only); returns how many."""
+        if self.graphs is None:
+            return 0
+        count = 0
+        for frames in (f for f in self.passes.frame_buckets if f <= self.passes.warm_frames):
+            for rows in self.passes.batch_buckets:
+                if rows * frames > self.passes.max_padded_frames:
+                    continue
+                g = [np.zeros(self.bicodec.config.speaker_encoder.token_num, dtype=np.int64)] * rows
+                s = [np.zeros(frames, dtype=np.int64)] * rows
+                for _ in range(self.passes.graphs.min_uses):
+                    self.detokenize(g, s)
+                count += 1
+        return count
