@@ -183,6 +183,11 @@ def decoder_layer(
     """One layer on the residual stream `x` plus the previous layer's MLP output `delta` (None for the
     first layer); returns the stream after attention and this layer's MLP output."""
     input_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w = weights
+    if norms_in_projections(shape, x):
+        x, qkv = norm_project(shape, x, delta, input_norm, qkv_w, qkv_b)
+        o = project(shape, attention_block(shape, qkv, k_cache, v_cache, ctx), o_w)
+        x, hidden = norm_project(shape, x, o, post_norm, gate_up_w, silu_mul=True)
+        return x, project(shape, hidden, down_w, shares=True)
     if delta is not None:
         x = add_delta(x, delta)
     qkv = project(shape, rms_norm(x, input_norm, shape.eps), qkv_w, qkv_b)
@@ -203,6 +208,34 @@ def add_delta(x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 
 
 SKINNY_ROWS, DOT_ROWS, SKINNY_IN = 1, 64, 2048  # tritontts.llm.skinny_linear's MAX_ROWS, DOT_ROWS, MAX_IN
+NORM_IN = 1024  # tritontts.llm.norm_linear's MAX_IN
+
+
+def norms_in_projections(shape: LayerShape, x: torch.Tensor) -> bool:
+    """Whether a layer's residual adds and RMSNorms run inside its q/k/v and gate/up projections
+    (`tritontts.llm.norm_linear`): batch-1 decode steps on the Triton projections."""
+    batch, length, width = x.shape
+    return shape.decode_linear == "triton" and batch == length == 1 and width <= NORM_IN
+
+
+def norm_project(
+    shape: LayerShape,
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    silu_mul: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`x + delta`, `project(shape, rms_norm(x + delta), weight, bias, silu_mul)`) for one row `x [1, 1, K]` in
+    one kernel; `delta` as `add_delta` takes it (fp32 shares `[S, 1, 1, K]` or `[1, 1, K]`), or None."""
+    width = x.shape[-1]
+    rows = x.reshape(1, width)
+    shares = None if delta is None else delta.reshape(-1, 1, width)
+    out, residual = torch.ops.tritontts.norm_linear(
+        rows, shares, norm_weight, shape.eps, weight, bias, silu_mul
+    )
+    return residual.view(1, 1, width), out.view(1, 1, -1)
 
 
 def project(

@@ -35,8 +35,8 @@ DECODE_ATTENTION = ("auto", "torch", "triton")
 
 
 DECODE_KERNELS = {
-    "decode_attention": "tritontts.llm.decode_attention",
-    "decode_linear": "tritontts.llm.skinny_linear",
+    "decode_attention": ("tritontts.llm.decode_attention",),
+    "decode_linear": ("tritontts.llm.skinny_linear", "tritontts.llm.norm_linear"),
 }
 
 
@@ -51,7 +51,8 @@ def decode_kernel_problem(
     if setting == "decode_attention" and (head_dim < 16 or head_dim & (head_dim - 1)):
         return f"needs a power-of-two head_dim of at least 16, not {head_dim}"
     try:
-        importlib.import_module(DECODE_KERNELS[setting])
+        for module in DECODE_KERNELS[setting]:
+            importlib.import_module(module)
     except ImportError as error:
         return f"needs the triton package ({error})"
     return None
