@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,8 +22,20 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tritontts.audio import load_wav
 from tritontts.streaming import crossfade_concat
+from tritontts.triton.stubs import current_stubs
 
-TRITON_MODELS = [build_spark_models]
+MONITORED = "spark_tts_monitored"  # a copy of spark_tts_offline that no test sends a request to
+
+
+def build_monitored_copy(repo: Path, data: Path) -> None:
+    shutil.copytree(repo / "spark_tts_offline", repo / MONITORED)
+    config = repo / MONITORED / "config.pbtxt"
+    config.write_text(
+        re.sub(r'^name: ".*"$', f'name: "{MONITORED}"', config.read_text(), count=1, flags=re.M)
+    )
+
+
+TRITON_MODELS = [build_spark_models, build_monitored_copy]
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
 HOP = 320
@@ -230,3 +243,14 @@ def test_request_parameters_set_the_token_budget(server, reference):
     assert result.as_numpy("waveform").size == 30 * HOP
     with pytest.raises(InferenceServerException, match="max_new_tokens"):
         client.infer("spark_tts_offline", inputs, parameters={"max_new_tokens": 10**6})
+
+
+def test_bls_instances_watch_their_callees_from_load(triton, server):
+    # the callee monitor's first read of /proc (tens of ms on a busy host) belongs to the load, not to the first
+    # request each instance serves
+    triton.load(MONITORED)
+    stubs = [s for s in current_stubs(triton.server.pid).values() if s.model == MONITORED]
+    assert len(stubs) == 2  # bls_instance_num
+    for stub in stubs:
+        threads = {p.read_text().strip() for p in Path(f"/proc/{stub.pid}/task").glob("*/comm")}
+        assert "callee-monitor" in threads, threads

@@ -38,6 +38,7 @@ from tritontts.llm.sequence import SamplingParams
 from tritontts.triton.bls import call_model, reference_wav_arrays
 from tritontts.triton.cosyvoice2_bls import CosyVoiceBlsBase, default_voice
 from tritontts.triton.params import model_param
+from tritontts.triton.stubs import callee_monitor
 from tritontts.triton.voice_profile_io import CheckpointMarker
 
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder", "tensorrt_llm")
@@ -54,6 +55,7 @@ class CosyVoice3Bls(CosyVoiceBlsBase):
     transcript_optional = True
 
     def __init__(self, pb_utils: Any, args: dict[str, Any]) -> None:
+        callee_monitor()  # its first read of /proc at load, not in the first request this instance serves
         config = self._read_settings(pb_utils, args, {role: role for role in LEAVES})
         llm_dir = Path(model_param(config, "llm_tokenizer_dir"))
         self.prompter = CosyVoice3Prompt.from_llm_dir(llm_dir)

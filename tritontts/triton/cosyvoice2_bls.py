@@ -46,6 +46,7 @@ from tritontts.triton.params import RequestError, error_response, model_param, o
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.sequence import call_flags
 from tritontts.triton.stream_sender import serve_stream
+from tritontts.triton.stubs import callee_monitor
 from tritontts.triton.voice_profile_io import (
     CheckpointMarker,
     answer_profile,
@@ -222,6 +223,7 @@ class CosyVoiceBlsBase:
 
 class CosyVoice2Bls(CosyVoiceBlsBase):
     def __init__(self, pb_utils: Any, args: dict[str, Any], dit: bool = False) -> None:
+        callee_monitor()  # its first read of /proc at load, not in the first request this instance serves
         self.dit = dit
         self.profile_kind = "cosyvoice2_dit" if dit else "cosyvoice2"
         defaults = {role: role for role in LEAVES} | ({"token2wav": "token2wav_dit"} if dit else {})

@@ -176,6 +176,7 @@ class CalleeMonitor:
                 return
 
     def _run(self) -> None:
+        name_os_thread(b"callee-monitor")
         while True:
             time.sleep(self.interval_s)
             self.check()
@@ -185,6 +186,17 @@ class CalleeMonitor:
 def _exit_stub(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
     os._exit(70)
+
+
+def name_os_thread(name: bytes) -> None:
+    """Name the calling thread for the OS (/proc/<pid>/task/<tid>/comm, `top -H`; at most 15 bytes), where libc
+    allows it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 _monitor: CalleeMonitor | None = None

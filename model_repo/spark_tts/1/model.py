@@ -33,6 +33,7 @@ from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
+from tritontts.triton.stubs import callee_monitor
 from tritontts.triton.voice_profile_io import (
     CheckpointMarker,
     answer_profile,
@@ -90,6 +91,7 @@ class TritonPythonModel:
             for role in ("audio_tokenizer", "tensorrt_llm", "vocoder")
         }
         self.runner = RequestRunner(model_param(config, "max_concurrent_requests", int, default=1))
+        callee_monitor()  # its first read of /proc at load, not in the first request this instance serves
 
     def _tokenize_voice(self, wav):
         out = call_model(
