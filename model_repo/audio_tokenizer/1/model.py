@@ -22,8 +22,8 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        self.codec = SparkCodec(
-            model_param(config, "model_dir"), model_param(config, "device", default="auto")
+        self.codec = SparkCodec(  # tokenizes only: no detokenize graphs
+            model_param(config, "model_dir"), model_param(config, "device", default="auto"), cuda_graphs=False
         )
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=max_seconds))
