@@ -173,13 +173,26 @@ def load_items(args: argparse.Namespace) -> list[Utterance]:
     return load_utterances(args.huggingface_dataset, args.split_name)
 
 
+def request_arrays(args: argparse.Namespace, utt: Utterance) -> dict:
+    """A row's input arrays: the reference resampled to 16 kHz and padded (`--padding-duration`), the texts."""
+    if args.use_spk2info_cache or args.gender:
+        arrays = triton_io.target_only_arrays(utt.target_text)
+    else:
+        padding = (
+            DEFAULT_PADDING_SECONDS[args.mode] if args.padding_duration is None else args.padding_duration
+        )
+        samples = triton_io.reference_samples(utt.prompt_audio, utt.sample_rate)
+        arrays = triton_io.request_arrays(samples, utt.prompt_text, utt.target_text, padding)
+    return mode_arrays(args, arrays)
+
+
 class Requester:
     """Sends requests over one gRPC client; one per worker thread."""
 
     def __init__(
         self, args: argparse.Namespace, output_rate: int, server: str, prepared: dict | None = None
     ) -> None:
-        """`prepared`: input arrays by row id, made before the run (`Requester.arrays`); others are made per request."""
+        """`prepared`: input arrays by row id, made before the run (`request_arrays`); others are made per request."""
         import tritonclient.grpc as grpcclient
 
         self.grpc = grpcclient
@@ -187,8 +200,6 @@ class Requester:
         self.prepared = prepared
         self.output_rate = output_rate
         self.client = grpcclient.InferenceServerClient(url=server)
-        padding = args.padding_duration
-        self.padding = DEFAULT_PADDING_SECONDS[args.mode] if padding is None else padding
         self.token_rate = triton_io.token_rate(args.model_name)
         overlap = triton_io.chunk_overlap_seconds(args.model_name, args.chunk_overlap_duration)
         self.overlap = int(round(overlap * output_rate))
@@ -203,18 +214,11 @@ class Requester:
             parameters |= {"min_new_tokens": tokens, "max_new_tokens": tokens}
         return parameters or None
 
-    def arrays(self, utt: Utterance) -> dict:
-        """The request's input arrays: the reference resampled to 16 kHz and padded, the texts."""
-        if self.args.use_spk2info_cache or self.args.gender:
-            arrays = triton_io.target_only_arrays(utt.target_text)
-        else:
-            samples = triton_io.reference_samples(utt.prompt_audio, utt.sample_rate)
-            arrays = triton_io.request_arrays(samples, utt.prompt_text, utt.target_text, self.padding)
-        return mode_arrays(self.args, arrays)
-
     def _inputs(self, utt: Utterance) -> list:
         arrays = self.prepared.get(utt.id) if self.prepared is not None else None
-        return triton_io.infer_inputs(self.grpc, arrays if arrays is not None else self.arrays(utt))
+        return triton_io.infer_inputs(
+            self.grpc, arrays if arrays is not None else request_arrays(self.args, utt)
+        )
 
     def offline(self, utt: Utterance) -> tuple[np.ndarray, RequestRecord]:
         inputs, outputs = self._inputs(utt), triton_io.requested_outputs(self.grpc)
@@ -301,16 +305,12 @@ def run_benchmark(
 
     targets = servers(args)
     # each row's inputs (its reference resampled to 16 kHz) are made before the clock starts: the run times the server
-    preparer = Requester(args, output_rate, targets[0])
     prepared = {}
-    try:
-        for utt in items:
-            try:
-                prepared[utt.id] = preparer.arrays(utt)
-            except Exception:  # noqa: BLE001 - that row's request makes its inputs again and records the error
-                continue
-    finally:
-        preparer.close()
+    for utt in items:
+        try:
+            prepared[utt.id] = request_arrays(args, utt)
+        except Exception:  # noqa: BLE001 - that row's request makes its inputs again and records the error
+            continue
 
     def work(worker: int, share: list[Utterance]) -> None:
         server = server_of_worker(targets, worker)
