@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 first_chunk = summarize(runs[-1]).first_chunk_latency
                 client_ms = None if first_chunk is None else first_chunk.avg * 1000.0
                 entry.update(first_chunk_breakdown(before, after, client_ms))
-                if entry["bls"] or entry["token2wav_first_chunk"]:
+                if entry.get("bls") or entry.get("token2wav_first_chunk"):
                     print(f"concurrency {entry['concurrency']}: {breakdown_line(entry)}", file=sys.stderr)
             stages.append(entry)
         rows = server_rows(runs[-1], record_servers, targets, args.num_gpus)
@@ -473,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             markdown.write("\n## Server stages (means, server metrics)\n\n")
             for s in stages:
                 markdown.write(f"- concurrency {s['concurrency']}: {model_breakdown_line(s['models'])}\n")
-                if "bls" in s:
+                if s.get("bls") or s.get("token2wav_first_chunk"):
                     markdown.write(f"- concurrency {s['concurrency']}: {breakdown_line(s)}\n")
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
     failed = sum(not r.ok for run in runs for r in run.records)

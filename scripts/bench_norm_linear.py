@@ -20,8 +20,8 @@ import torch
 from bench_skinny_linear import graphed_us
 
 from tritontts.llm.model import add_delta, rms_norm
-from tritontts.llm.norm_linear import block_n, norm_linear
-from tritontts.llm.skinny_linear import skinny_linear
+from tritontts.llm.norm_linear import norm_linear
+from tritontts.llm.skinny_linear import block_n, skinny_linear
 
 HIDDEN, EPS = 896, 1e-6
 SHAPES = {  # name: (out features, bias, silu_mul, what is added to the residual)
@@ -58,7 +58,7 @@ def measure(name: str, n: int, has_bias: bool, silu_mul: bool, delta_kind: str, 
     difference = (unfused().float() - fused()()[0].float()).abs().max()
     row = {
         "shape": name,
-        "default_width": block_n(n // 2 if silu_mul else n, silu_mul),
+        "default_width": block_n(n // 2 if silu_mul else n, HIDDEN, silu_mul),
         "largest_difference": float(difference),
         "add_norm_then_skinny_us": round(graphed_us(unfused, args.calls, args.reps), 2),
         "fused_us": {"default": round(graphed_us(fused(), args.calls, args.reps), 2)},

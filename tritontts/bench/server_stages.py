@@ -107,7 +107,8 @@ def model_breakdown(before: Samples, after: Samples) -> dict[str, dict]:
         for labels, value in _delta(before, after, name + "_total", {}).items():
             model = dict(labels).get("model")
             if model is not None:
-                totals.setdefault(model, {})[key] = totals.get(model, {}).get(key, 0.0) + value
+                row = totals.setdefault(model, {})
+                row[key] = row.get(key, 0.0) + value
     rows = {}
     for model in sorted(totals):
         t = totals[model]

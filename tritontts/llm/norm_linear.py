@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from tritontts.llm.skinny_linear import block_n
+
 MAX_IN = 1024
 """The widest residual stream a program normalizes in one step."""
 
@@ -71,12 +73,6 @@ def _norm_linear_kernel(
     tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-def block_n(n_out: int, silu_mul: bool) -> int:
-    """Output features per program: as `skinny_linear.block_n` at one row (2 for the gated MLP and above 1024
-    outputs, else 4)."""
-    return 2 if silu_mul or n_out > 1024 else 4
-
-
 @triton_op("tritontts::norm_linear", mutates_args={})
 def norm_linear(
     x: torch.Tensor,
@@ -97,7 +93,7 @@ def norm_linear(
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(1, n_out, device=x.device, dtype=x.dtype)
     residual = torch.empty(1, k_in, device=x.device, dtype=x.dtype)
-    width = width or block_n(n_out, silu_mul)
+    width = width or block_n(n_out, k_in, silu_mul)  # the skinny kernel's widths at one row
     wrap_triton(_norm_linear_kernel)[(triton.cdiv(n_out, width),)](
         x,
         x if delta is None else delta,
