@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from bls_monitor import assert_monitor_runs_from_load, unused_copy
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_models import (
     CHUNK_STRATEGY,
@@ -41,7 +42,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from tritontts.audio import load_wav
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 
-TRITON_MODELS = [build_cosyvoice2_models]
+UNUSED = "cosyvoice2_unused"  # a copy of cosyvoice2_offline that no test sends a request to
+TRITON_MODELS = [build_cosyvoice2_models, unused_copy("cosyvoice2_offline", UNUSED)]
 # Served against the same model in this process, both with the server's torch threads (tolerance.server_threads):
 # measured 0 on the avx512 and default ATen paths and up to 1.24e-4 on avx2 (where the stub and this process still
 # differ, cause not found), through HiFT's phase amplification. A 1e-3 change to HiFT's f0 bias breaks it
@@ -304,3 +306,7 @@ def test_token2wav_stream_call_without_request_id_names_it(server):
     values = token2wav_request(target_tokens(20), token_offset=0, finalize=False)
     with pytest.raises(InferenceServerException, match="request id"):
         infer(server, TOKEN2WAV, values)
+
+
+def test_bls_instances_watch_their_callees_from_load(triton, server):
+    assert_monitor_runs_from_load(triton, UNUSED, instances=1)  # bls_instance_num

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from bls_monitor import assert_monitor_runs_from_load, unused_copy
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice3_models import (
     MAX_NEW_TOKENS,
@@ -46,7 +47,8 @@ from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.cosyvoice3.wire import token2wav_arrays, vocoder_arrays
 
-TRITON_MODELS = [build_cosyvoice3_models]
+UNUSED = "cosyvoice3_unused"  # a copy of cosyvoice3_offline that no test sends a request to
+TRITON_MODELS = [build_cosyvoice3_models, unused_copy("cosyvoice3_offline", UNUSED)]
 OFFLINE, STREAMING, HTTP_LLM = "cosyvoice3_offline", "cosyvoice3", "cosyvoice3_http"
 TOKENIZER, EMBEDDING, TOKEN2WAV, VOCODER = (
     PREFIX + m for m in ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder")
@@ -279,3 +281,7 @@ def test_bad_leaf_calls_name_the_field(server, case):
     output = "mel" if model == TOKEN2WAV else "tts_speech"
     with pytest.raises(InferenceServerException, match=field):
         infer(server, model, make(), output=output)
+
+
+def test_bls_instances_watch_their_callees_from_load(triton, server):
+    assert_monitor_runs_from_load(triton, UNUSED, instances=1)  # bls_instance_num

@@ -2,7 +2,6 @@
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,7 @@ import pytest
 import soundfile
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from bls_monitor import assert_monitor_runs_from_load, unused_copy
 from conftest import PROMPT_ZH_TEXT
 from spark_models import MAX_NEW_TOKENS, build_spark_models
 from triton_stream import Stream, make_inputs
@@ -22,20 +22,9 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tritontts.audio import load_wav
 from tritontts.streaming import crossfade_concat
-from tritontts.triton.stubs import current_stubs
 
 MONITORED = "spark_tts_monitored"  # a copy of spark_tts_offline that no test sends a request to
-
-
-def build_monitored_copy(repo: Path, data: Path) -> None:
-    shutil.copytree(repo / "spark_tts_offline", repo / MONITORED)
-    config = repo / MONITORED / "config.pbtxt"
-    config.write_text(
-        re.sub(r'^name: ".*"$', f'name: "{MONITORED}"', config.read_text(), count=1, flags=re.M)
-    )
-
-
-TRITON_MODELS = [build_spark_models, build_monitored_copy]
+TRITON_MODELS = [build_spark_models, unused_copy("spark_tts_offline", MONITORED)]
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
 HOP = 320
@@ -248,9 +237,4 @@ def test_request_parameters_set_the_token_budget(server, reference):
 def test_bls_instances_watch_their_callees_from_load(triton, server):
     # the callee monitor's first read of /proc (tens of ms on a busy host) belongs to the load, not to the first
     # request each instance serves
-    triton.load(MONITORED)
-    stubs = [s for s in current_stubs(triton.server.pid).values() if s.model == MONITORED]
-    assert len(stubs) == 2  # bls_instance_num
-    for stub in stubs:
-        threads = {p.read_text().strip() for p in Path(f"/proc/{stub.pid}/task").glob("*/comm")}
-        assert "callee-monitor" in threads, threads
+    assert_monitor_runs_from_load(triton, MONITORED, instances=2)  # bls_instance_num
