@@ -75,3 +75,20 @@ def test_the_mask_covers_every_frame_mixing_layer(bicodec):
     upsampling = [c for c in convs if isinstance(c, WNConvTranspose1d)]
     assert len(upsampling) == len(bicodec.config.decoder.rates)
     assert temporal_convs(bicodec.prenet)
+
+
+def test_passes_warmed_at_load_are_the_ones_requests_replay(bicodec, tokens):
+    from test_shape_graphs import cpu_capture
+
+    passes = PaddedPasses(
+        frame_buckets=(16, 64), batch_buckets=(1, 2, 4), max_padded_frames=128, warm_frames=64
+    )
+    detokenizer = PaddedDetokenizer(bicodec, passes, bucketed=True, capture=cpu_capture)
+    # 16 frames at 1, 2 and 4 rows; 64 frames at 1 and 2 (4 x 64 is past 128)
+    assert detokenizer.warm() == 5 and detokenizer.graphs.captured == 5
+    eager, replays = detokenizer.graphs.eager_calls, detokenizer.graphs.replays
+    audios = detokenizer.detokenize(*tokens)
+    assert detokenizer.graphs.eager_calls == eager
+    assert detokenizer.graphs.replays - replays == len(detokenizer.plan(LENGTHS)) == 3
+    for g, s, audio in zip(*tokens, audios):
+        np.testing.assert_allclose(audio, alone(bicodec, g, s), atol=2e-5)

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tritontts.cuda_graphs import bucket_for, check_buckets
-from tritontts.shape_graphs import ShapeGraphConfig, ShapeGraphs
+from tritontts.cuda_graphs import bucket_for, capture_graph, check_buckets
+from tritontts.shape_graphs import Capture, ShapeGraphConfig, ShapeGraphs
 from tritontts.spark.bicodec import BiCodec
 from tritontts.spark.layers import WNConv1d, WNConvTranspose1d
 
@@ -99,16 +99,21 @@ class PaddedDetokenizer:
         passes: PaddedPasses | None = None,
         bucketed: bool | None = None,
         cuda_graphs: bool = True,
+        capture: Capture | None = None,
     ) -> None:
-        """`bucketed` (default: on CUDA) pads passes to the buckets; CUDA graphs need it and a CUDA model."""
+        """`bucketed` (default: on CUDA) pads passes to the buckets; CUDA graphs need it and a CUDA model, unless
+        `capture` stands in for CUDA graph capture (tests)."""
         self.bicodec = bicodec
         self.passes = passes or PaddedPasses()
         self.device = bicodec.quantizer.codebook.weight.device
         self.bucketed = self.device.type == "cuda" if bucketed is None else bucketed
         self.mask = FrameMask(temporal_convs(bicodec.prenet) + temporal_convs(bicodec.decoder))
+        graphs = self.bucketed and cuda_graphs and (self.device.type == "cuda" or capture is not None)
         self.graphs = (
-            ShapeGraphs(self._run, self.device, self.passes.graphs, "BiCodec detokenize")
-            if self.bucketed and cuda_graphs and self.device.type == "cuda"
+            ShapeGraphs(
+                self._run, self.device, self.passes.graphs, "BiCodec detokenize", capture or capture_graph
+            )
+            if graphs
             else None
         )
 
