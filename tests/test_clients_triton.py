@@ -171,3 +171,31 @@ def test_sigusr1_prints_every_thread_of_a_model_to_the_server_log(server):
 
     added = signal_stub(server.server, "spark_tts_offline", signal.SIGUSR1, "most recent call first")
     assert "most recent call first" in added, added[-2000:]
+
+
+def test_every_row_inputs_are_made_once_before_the_first_request(server, bench_data, tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("client_grpc_under_test", ROOT / "client_grpc.py")
+    client = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(client)
+    events = []
+    make, send = client.request_arrays, client.Requester.offline
+    monkeypatch.setattr(client, "request_arrays", lambda args, utt: events.append("made") or make(args, utt))
+    monkeypatch.setattr(
+        client.Requester, "offline", lambda self, utt: events.append("sent") or send(self, utt)
+    )
+    host, port = server.grpc_url.split(":")
+    argv = [
+        "--server-addr",
+        host,
+        "--server-port",
+        port,
+        "--model-name",
+        MODELS["offline"],
+        "--mode",
+        "offline",
+    ]
+    argv += ["--num-tasks", "2", "--huggingface-dataset", str(bench_data), "--log-dir", str(tmp_path)]
+    assert client.main(argv) == 0
+    assert events == ["made"] * 4 + ["sent"] * 4
