@@ -22,17 +22,14 @@ def server(triton):
     return triton.load("audio_tokenizer", "vocoder", "tensorrt_llm", "tensorrt_llm_offline", *MODELS.values())
 
 
+def address(url: str) -> list[str]:
+    """A client's --server-addr and --server-port for `url` (host:port)."""
+    host, port = url.split(":")
+    return ["--server-addr", host, "--server-port", port]
+
+
 def grpc_client(server, *args: str) -> subprocess.CompletedProcess:
-    host, port = server.grpc_url.split(":")
-    command = [
-        sys.executable,
-        str(ROOT / "client_grpc.py"),
-        "--server-addr",
-        host,
-        "--server-port",
-        port,
-        *args,
-    ]
+    command = [sys.executable, str(ROOT / "client_grpc.py"), *address(server.grpc_url), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
@@ -64,15 +61,11 @@ def test_benchmark_summary(server, bench_data, tmp_path, mode, tasks):
 
 
 def test_http_client_single_utterance(server, prompt_zh, tmp_path):
-    host, port = server.http_url.split(":")
     done = subprocess.run(
         [
             sys.executable,
             str(ROOT / "client_http.py"),
-            "--server-addr",
-            host,
-            "--server-port",
-            port,
+            *address(server.http_url),
             "--model-name",
             MODELS["offline"],
             "--reference-audio",
@@ -185,17 +178,15 @@ def test_every_row_inputs_are_made_once_before_the_first_request(server, bench_d
     monkeypatch.setattr(
         client.Requester, "offline", lambda self, utt: events.append("sent") or send(self, utt)
     )
-    host, port = server.grpc_url.split(":")
     argv = [
-        "--server-addr",
-        host,
-        "--server-port",
-        port,
+        *address(server.grpc_url),
         "--model-name",
         MODELS["offline"],
         "--mode",
         "offline",
+        "--num-tasks",
+        "2",
     ]
-    argv += ["--num-tasks", "2", "--huggingface-dataset", str(bench_data), "--log-dir", str(tmp_path)]
+    argv += ["--huggingface-dataset", str(bench_data), "--log-dir", str(tmp_path)]
     assert client.main(argv) == 0
     assert events == ["made"] * 4 + ["sent"] * 4
