@@ -69,6 +69,12 @@ def parse_args() -> argparse.Namespace:
         help="decode steps' projections at batch 1-64: the Triton kernels, cuBLAS (torch), or auto (Triton on CUDA)",
     )
     parser.add_argument(
+        "--top-k-kernel",
+        choices=DECODE_ATTENTION,
+        default="auto",
+        help="decode steps' top-k at up to 64 candidates: the Triton kernels, torch.topk, or auto (Triton on CUDA)",
+    )
+    parser.add_argument(
         "--attention-combine",
         choices=("fold", "kernel"),
         default="fold",
@@ -249,8 +255,9 @@ def profile_decode(engine: LLMEngine, args, steps: int = 20) -> dict:
 
     runner, results = engine.runner, {}
     keys = runner.kv_bucket(args.prompt_len + args.gen_len)
-    for batch in [b for b in (1, 16, 64) if (b, keys) in runner.graphs]:
-        graph = runner.graphs[batch, keys]
+    count = runner.candidates([SamplingParams(temperature=args.temperature, top_k=args.top_k)])
+    for batch in [b for b in (1, 16, 64) if (b, keys, count) in runner.graphs]:
+        graph = runner.graphs[batch, keys, count]
         graph.replay()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -401,6 +408,7 @@ def main() -> None:
         max_top_k=args.max_top_k or max(args.top_k, 64),
         decode_attention=args.decode_attention,
         decode_linear=args.decode_linear,
+        top_k_kernel=args.top_k_kernel,
     )
     build_s = time.perf_counter() - start
     check = {}
@@ -417,6 +425,8 @@ def main() -> None:
         "kv_buckets": engine.runner.kv_lengths,
         "decode_attention_used": engine.runner.decode_attention,
         "decode_linear_used": engine.runner.decode_linear,
+        "top_k_kernel_used": engine.runner.top_k_kernel,
+        "candidate_counts": engine.runner.candidate_counts,
     }
     del engine
     hf_results = bench_hf(hf, args, device, vocab) if hf is not None else {}

@@ -413,3 +413,43 @@ def test_compiled_layers_and_head_give_the_eager_tokens(model):
     compiled = make_engine(model, compile=True, kv_lengths=[16, 32, 64])
     prompts = [MIXED[0], MIXED[2], MIXED[4]]
     assert compiled.generate(prompts, SAMPLED) == make_engine(model).generate(prompts, SAMPLED)
+
+
+NO_TOP_K = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=77)
+
+
+def test_candidate_count_follows_the_running_requests(model):
+    runner = make_engine(model).runner
+    assert runner.candidate_counts == [64, VOCAB]
+    assert runner.candidates([]) == runner.candidates([GREEDY]) == runner.candidates([GREEDY, SAMPLED]) == 64
+    assert runner.candidates([SAMPLED, NO_TOP_K]) == VOCAB
+    assert runner.candidates([SamplingParams(top_k=65)]) == VOCAB
+    narrow = LLMEngine.from_model(model, max_batch_size=2, max_seq_len=96, max_top_k=32).runner
+    assert narrow.candidate_counts == [32] and narrow.candidates([NO_TOP_K]) == 32
+    with pytest.raises(ValueError, match="candidates must be one of"):
+        runner.decode(1, candidates=100)
+
+
+def recorded_candidates(engine: LLMEngine) -> list[int | None]:
+    counts, decode = [], engine.runner.decode
+
+    def recording(n, kv_len=None, candidates=None):
+        counts.append(candidates)
+        return decode(n, kv_len, candidates)
+
+    engine.runner.decode = recording
+    return counts
+
+
+def test_steps_with_every_candidate_sample_what_steps_with_few_do(model):
+    """SAMPLED alone runs 64-candidate steps; next to a request without top-k its steps take the vocabulary."""
+    engine = make_engine(model)
+    counts = recorded_candidates(engine)
+    mixed = engine.generate([PROMPTS[0], PROMPTS[1]], [SAMPLED, NO_TOP_K])
+    assert mixed[0] == alone(model, PROMPTS[0], SAMPLED)
+    assert mixed[1] == alone(model, PROMPTS[1], NO_TOP_K)
+    assert VOCAB in counts
+    engine = make_engine(model)
+    counts = recorded_candidates(engine)
+    assert engine.generate([PROMPTS[0]], SAMPLED) == mixed[:1]
+    assert set(counts) == {64}

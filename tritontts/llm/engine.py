@@ -61,6 +61,7 @@ class LLMEngine:
         max_prefill_tokens: int = 8192,
         decode_attention: str = "auto",
         decode_linear: str = "auto",
+        top_k_kernel: str = "auto",
     ) -> LLMEngine:
         model = load_pretrained(model_dir, device, dtype)
         return cls.from_model(
@@ -73,6 +74,7 @@ class LLMEngine:
             max_prefill_tokens=max_prefill_tokens,
             decode_attention=decode_attention,
             decode_linear=decode_linear,
+            top_k_kernel=top_k_kernel,
         )
 
     def add_request(
@@ -147,7 +149,8 @@ class LLMEngine:
         if running:
             # Sequences of the previous step are one token longer on the device than here.
             kv_len = max(s.length for s in running) + (previous is not None)
-            self._inflight = (list(running), self.runner.decode_async(len(running), kv_len))
+            candidates = self.runner.candidates(s.params for s in running)
+            self._inflight = (list(running), self.runner.decode_async(len(running), kv_len, candidates))
         if previous is not None:
             seqs, pending = previous
             live = [(s, t) for s, t in zip(seqs, pending.wait()) if s.finish_reason is None]

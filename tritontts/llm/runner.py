@@ -21,13 +21,15 @@ import dataclasses
 import importlib
 import itertools
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from tritontts.llm.kv_cache import KVCache
 from tritontts.llm.model import Context, Qwen2ForCausalLM, decode_lengths, decoder_layer
-from tritontts.llm.sampling import sample
+from tritontts.llm.sampling import SMALL_TOP_K, choose, sample, sampling_logits
 from tritontts.llm.sequence import SamplingParams
 from tritontts.llm.slot_state import SlotState
 
@@ -37,13 +39,14 @@ DECODE_ATTENTION = ("auto", "torch", "triton")
 DECODE_KERNELS = {
     "decode_attention": ("tritontts.llm.decode_attention",),
     "decode_linear": ("tritontts.llm.skinny_linear", "tritontts.llm.norm_linear"),
+    "top_k_kernel": ("tritontts.llm.top_k",),
 }
 
 
 def decode_kernel_problem(
     device: torch.device, head_dim: int, setting: str = "decode_attention"
 ) -> str | None:
-    """Why the Triton kernels of `setting` (decode_attention, decode_linear) cannot run on `device` (None: they
+    """Why the Triton kernels of `setting` (decode_attention, decode_linear, top_k_kernel) cannot run on `device` (None: they
     can, and their op is registered). Off CUDA they run only under Triton's CPU interpreter (TRITON_INTERPRET=1,
     for tests)."""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
@@ -138,11 +141,18 @@ class ModelRunner:
         prefill_lengths: list[int] | None = None,
         decode_attention: str = "auto",
         decode_linear: str = "auto",
+        top_k_kernel: str = "auto",
     ):
         """`kv_lengths`: key-length buckets of decode (default `kv_buckets`). `prefill_lengths`: padded
         prompt lengths prefilled one prompt at a time (default `prefill_buckets` where CUDA graphs are
         captured, none elsewhere; pass some on CPU to run the same padded path eagerly).
-        `decode_attention`, `decode_linear`: "auto", "torch" or "triton" (see `resolve_decode_attention`)."""
+        `decode_attention`, `decode_linear`, `top_k_kernel`: "auto", "torch" or "triton" (see
+        `resolve_decode_attention`).
+
+        Decode samples among `max_top_k` candidates (the whole vocabulary when smaller). When every running
+        request wants at most SMALL_TOP_K (greedy ones want one), a step selects only that many, the rest
+        of its candidates -inf, by the Triton top-k kernel where `top_k_kernel` resolves to "triton": so
+        each (batch, key length) bucket has a graph per candidate count (`candidate_counts`)."""
         self.model = model
         self.device = model.model.embed_tokens.weight.device
         self.dtype = model.model.embed_tokens.weight.dtype
@@ -163,6 +173,11 @@ class ModelRunner:
         self.decode_linear = resolve_decode_attention(
             decode_linear, self.device, config.head_dim, "decode_linear"
         )
+        self.top_k_kernel = resolve_decode_attention(
+            top_k_kernel, self.device, config.head_dim, "top_k_kernel"
+        )
+        self.top_k_width = min(max_top_k, config.vocab_size)
+        self.candidate_counts = sorted({min(SMALL_TOP_K, self.top_k_width), self.top_k_width})
         self.shape = dataclasses.replace(
             model.layer_shape, decode_attention=self.decode_attention, decode_linear=self.decode_linear
         )
@@ -192,18 +207,20 @@ class ModelRunner:
         self.host_turn = 0
         self.compiled = compile
         self.layer_fn = decoder_layer
-        self.finish_fn = self._finish
+        self.logits_fn = self._sampling_logits
+        self.advance_fn = self._advance
         self.inputs_fn = self._decode_inputs
         if compile:
             limit = 8 * len(self.buckets) + 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
             self.layer_fn = torch.compile(decoder_layer, fullgraph=True, dynamic=False)
-            self.finish_fn = torch.compile(self._finish, fullgraph=True, dynamic=False)
+            self.logits_fn = torch.compile(self._sampling_logits, fullgraph=True, dynamic=False)
+            self.advance_fn = torch.compile(self._advance, fullgraph=True, dynamic=False)
             self.inputs_fn = torch.compile(
                 self._decode_inputs, fullgraph=True
             )  # sizes go dynamic on recompiles
         self.pad_to_bucket = cuda_graphs or compile
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if graphs:
             self._capture_graphs()
@@ -298,23 +315,32 @@ class ModelRunner:
     def kv_bucket(self, kv_len: int) -> int:
         return bucket_of(self.kv_lengths, min(kv_len, self.max_seq_len))
 
+    def candidates(self, params: Iterable[SamplingParams]) -> int:
+        """The fewest candidates (of `candidate_counts`) a decode step of requests with these settings needs."""
+        wanted = max((1 if p.greedy else p.top_k or self.top_k_width for p in params), default=1)
+        return self.candidate_counts[bisect.bisect_left(self.candidate_counts, min(wanted, self.top_k_width))]
+
     @torch.inference_mode()
-    def decode(self, n: int, kv_len: int | None = None) -> torch.Tensor:
+    def decode(self, n: int, kv_len: int | None = None, candidates: int | None = None) -> torch.Tensor:
         """One token for each of slots [0, n), whose sequences (prompt + tokens so far) are at most `kv_len`
-        long (default: any length); returns the `[n]` tensor of tokens (on the device)."""
+        long (default: any length), sampled among `candidates` (one of `candidate_counts`, default all) most
+        likely tokens; returns the `[n]` tensor of tokens (on the device)."""
         batch = bucket_of(self.buckets, n) if self.pad_to_bucket else n
         keys = self.kv_bucket(kv_len or self.max_seq_len)
-        if (batch, keys) in self.graphs:
-            self.graphs[batch, keys].replay()
+        count = candidates or self.top_k_width
+        if count not in self.candidate_counts:
+            raise ValueError(f"candidates must be one of {self.candidate_counts}, got {count}")
+        if (batch, keys, count) in self.graphs:
+            self.graphs[batch, keys, count].replay()
         else:
-            self._decode_step(batch, keys)
+            self._decode_step(batch, keys, count)
         return self.state.last_token[:n]
 
-    def decode_async(self, n: int, kv_len: int | None = None) -> PendingTokens:
+    def decode_async(self, n: int, kv_len: int | None = None, candidates: int | None = None) -> PendingTokens:
         """`decode`, then its tokens copied to the host without waiting: the caller may queue more work
         (the next step) before it reads them. Two host buffers: read a step's tokens before the one after
         the next is queued."""
-        tokens = self.decode(n, kv_len)
+        tokens = self.decode(n, kv_len, candidates)
         host = self.host_tokens[self.host_turn][:n]
         self.host_turn ^= 1
         host.copy_(tokens, non_blocking=True)
@@ -331,7 +357,7 @@ class ModelRunner:
     def free_slot(self, slot: int) -> None:
         self.state.clear(slot)
 
-    def _decode_step(self, batch: int, kv_len: int) -> None:
+    def _decode_step(self, batch: int, kv_len: int, candidates: int) -> None:
         x, cos, sin, blocked, rows, positions, lengths = self.inputs_fn(batch, kv_len)
         counters = self.attention_counters if lengths is not None else None
         ctx = Context(cos, sin, positions, blocked, rows, slice(0, batch), None, lengths, counters)
@@ -340,7 +366,8 @@ class ModelRunner:
         delta = None
         for weights, k_cache, v_cache in zip(self.weights, self.cache.k, self.cache.v):
             x, delta = self.layer_fn(self.shape, weights, x, delta, k_cache, v_cache, ctx)
-        self.finish_fn(batch, x, delta)
+        logits = self.logits_fn(batch, x, delta)
+        self.advance_fn(batch, *self._select(logits, candidates))
 
     def _decode_inputs(self, batch: int, kv_len: int) -> tuple:
         """A decode step's embedded tokens and what its layers read besides (see `Context`), from the slots'
@@ -352,26 +379,37 @@ class ModelRunner:
         x = self.model.model.embed_tokens(tokens)
         return x, ctx.cos, ctx.sin, ctx.blocked, ctx.rows, ctx.positions, lengths
 
-    def _finish(self, batch: int, x: torch.Tensor, delta: torch.Tensor) -> None:
-        """Logits, sampling and the slots' advance (no host sync)."""
-        tokens = sample(self.model.head(x, delta), self.state.rows(0, batch), self.max_top_k)
+    def _sampling_logits(self, batch: int, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return sampling_logits(self.model.head(x, delta), self.state.rows(0, batch))
+
+    def _select(self, logits: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `count` largest logits of each row and their ids, then -inf (id 0) up to `top_k_width`."""
+        if self.top_k_kernel == "triton" and count <= SMALL_TOP_K:
+            return torch.ops.tritontts.top_k(logits, count, self.top_k_width)
+        values, ids = logits.topk(count, dim=-1)
+        pad = self.top_k_width - count
+        return F.pad(values, (0, pad), value=float("-inf")), F.pad(ids, (0, pad))
+
+    def _advance(self, batch: int, values: torch.Tensor, ids: torch.Tensor) -> None:
+        """Sampling among the candidates and the slots' advance (no host sync)."""
+        tokens = choose(values, ids, self.state.rows(0, batch))
         self.state.advance(batch, tokens, self.max_seq_len - 1)
 
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
         """nano-vllm style: largest shapes first, all decode graphs in one memory pool; slots reset after."""
         for batch in self.buckets:  # compile (a no-op when eager) with a key length below the largest
-            self._decode_step(batch, self.kv_lengths[0])
+            self._decode_step(batch, self.kv_lengths[0], self.top_k_width)
         pool = None
         for batch in reversed(self.buckets):
-            for keys in reversed(self.kv_lengths):
-                self._decode_step(batch, keys)  # warm-up outside the graph
+            for keys, count in itertools.product(reversed(self.kv_lengths), reversed(self.candidate_counts)):
+                self._decode_step(batch, keys, count)  # warm-up outside the graph
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    self._decode_step(batch, keys)
+                    self._decode_step(batch, keys, count)
                 pool = graph.pool() if pool is None else pool
-                self.graphs[batch, keys] = graph
+                self.graphs[batch, keys, count] = graph
         for width in reversed(self.prefill_lengths):
             self._prefill_padded(width)
             torch.cuda.synchronize(self.device)

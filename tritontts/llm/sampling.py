@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 MASK32 = 0xFFFFFFFF
+SMALL_TOP_K = 64
+"""Candidates a decode step selects when no running request wants more (see ModelRunner.candidates)."""
 
 
 def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
@@ -77,11 +79,15 @@ class SamplingBatch:
     seen: torch.Tensor
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, max_top_k: int) -> torch.Tensor:
-    """Token ids `[B]` from fp32 logits `[B, V]`."""
+def sampling_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """fp32 logits `[B, V]` after the repetition penalty and the min-tokens mask of end_id."""
     logits = apply_repetition_penalty(logits, batch.seen, batch.repetition_penalty)
-    logits = mask_end_id(logits, batch.end_id, batch.step < batch.min_tokens)
-    top_logits, top_ids = logits.topk(min(max_top_k, logits.shape[-1]), dim=-1)
+    return mask_end_id(logits, batch.end_id, batch.step < batch.min_tokens)
+
+
+def choose(top_logits: torch.Tensor, top_ids: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Token ids `[B]` from each row's candidates, descending (`topk` of `sampling_logits`; candidates past
+    those selected may be -inf: a row's top_k never reaches them)."""
     greedy = (batch.temperature <= 0) | (batch.top_k == 1)
     temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
     scaled = top_logits / temperature.unsqueeze(1)
@@ -90,3 +96,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, max_top_k: int) -> torch.
     choice = torch.where(keep, scaled + gumbel, float("-inf")).argmax(dim=-1)
     choice = torch.where(greedy, torch.zeros_like(choice), choice)
     return top_ids.gather(1, choice.unsqueeze(1)).squeeze(1)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, max_top_k: int) -> torch.Tensor:
+    """Token ids `[B]` from fp32 logits `[B, V]`."""
+    logits = sampling_logits(logits, batch)
+    top_logits, top_ids = logits.topk(min(max_top_k, logits.shape[-1]), dim=-1)
+    return choose(top_logits, top_ids, batch)
