@@ -38,6 +38,16 @@ def test_values_and_ids_equal_torch_topk(module, k, chunk):
     assert ids.dtype == torch.int64
 
 
+def test_the_full_sort_path_of_older_tritons(module, monkeypatch):
+    """Tritons without `tl.topk` sort the whole chunk and store its first K keys."""
+    monkeypatch.setattr(module, "HAS_TOPK", False)
+    x = logits(2, VOCAB, 1)
+    values, ids = module.top_k(x, 50, 64, 128)
+    assert torch.equal(values[:, :50], x.topk(50, dim=-1).values)
+    assert torch.equal(x.gather(1, ids[:, :50]), values[:, :50])
+    assert torch.isneginf(values[:, 50:]).all() and (ids[:, 50:] == 0).all()
+
+
 def test_ties_go_to_the_lower_id(module):
     x = torch.zeros(2, 700)
     x[1, 600:] = 1.0

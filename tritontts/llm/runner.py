@@ -46,9 +46,9 @@ DECODE_KERNELS = {
 def decode_kernel_problem(
     device: torch.device, head_dim: int, setting: str = "decode_attention"
 ) -> str | None:
-    """Why the Triton kernels of `setting` (decode_attention, decode_linear, top_k_kernel) cannot run on `device` (None: they
-    can, and their op is registered). Off CUDA they run only under Triton's CPU interpreter (TRITON_INTERPRET=1,
-    for tests)."""
+    """Why the Triton kernels of `setting` (decode_attention, decode_linear, top_k_kernel) cannot run on
+    `device` (None: they can, and their op is registered). Off CUDA they run only under Triton's CPU
+    interpreter (TRITON_INTERPRET=1, for tests)."""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return f"needs a CUDA device, not {device}"
     if setting == "decode_attention" and (head_dim < 16 or head_dim & (head_dim - 1)):
@@ -388,6 +388,8 @@ class ModelRunner:
             return torch.ops.tritontts.top_k(logits, count, self.top_k_width)
         values, ids = logits.topk(count, dim=-1)
         pad = self.top_k_width - count
+        if pad == 0:
+            return values, ids
         return F.pad(values, (0, pad), value=float("-inf")), F.pad(ids, (0, pad))
 
     def _advance(self, batch: int, values: torch.Tensor, ids: torch.Tensor) -> None:
