@@ -1,6 +1,7 @@
 """Spark-TTS's audio side on one device: BiCodec's detokenize (the `vocoder` model) the earlier way (eager, one
 group per length) and in padded passes, eager and from CUDA graphs; tokenize (the `audio_tokenizer`: wav2vec2 +
-BiCodec's encoders) in fp32 and bf16. A synthetic checkpoint in the official layout is written unless given.
+BiCodec's encoders) in fp32 and bf16, and with references of a new length each call unpadded and padded to whole
+seconds. A synthetic checkpoint in the official layout is written unless given.
 
     python scripts/bench_spark_codec.py [--model-dir CKPT] [--preset full] [--reps 10] [--out FILE.json]
 
@@ -132,6 +133,41 @@ def tokenize_rows(model_dir: Path, reps: int) -> list[dict]:
         print(rows[-1], flush=True)
         codec = None
         torch.cuda.empty_cache()
+    return rows + bucket_rows(model_dir, reps, rng)
+
+
+def bucket_rows(model_dir: Path, reps: int, rng: np.random.Generator) -> list[dict]:
+    """Tokenize of a reference whose length is new in every call (6-7 s), unpadded and padded to whole
+    seconds after `warm_tokenizer`, fp32; and how the two paths' tokens compare."""
+    wav = (0.1 * rng.standard_normal(16000 * 7)).astype(np.float32)
+    lengths = [16000 * 6 + 113 * k + 7 for k in range(2 * reps + 8)]
+    rows, voices = [], {}
+    for bucket in (0, 16000):
+        codec = SparkCodec(model_dir, "cuda", torch.float32, cuda_graphs=False, reference_bucket=bucket)
+        warmed = codec.warm_tokenizer(8.0)
+        fresh = iter(lengths)
+        ms = median_ms(lambda c=codec, f=fresh: c.tokenize([wav[: next(f)]]), reps)
+        repeated = median_ms(lambda c=codec: c.tokenize([wav[: lengths[0]]]), reps)
+        voices[bucket] = codec.tokenize([wav[: lengths[-1]]])[0]
+        rows.append(
+            {
+                "call": "tokenize",
+                "case": "6-7 s reference, a new length each call",
+                "reference_bucket": bucket,
+                "lengths_warmed_at_load": warmed,
+                "ms": round(ms, 2),
+                "repeated_length_ms": round(repeated, 2),
+            }
+        )
+        print(rows[-1], flush=True)
+        codec = None
+        torch.cuda.empty_cache()
+    rows[-1]["semantic_tokens_equal_unpadded"] = float(
+        np.mean(voices[0].semantic_tokens == voices[16000].semantic_tokens)
+    )
+    rows[-1]["global_tokens_equal_unpadded"] = float(
+        np.mean(voices[0].global_tokens == voices[16000].global_tokens)
+    )
     return rows
 
 
@@ -142,6 +178,7 @@ def main() -> int:
         "--preset", default="full", help="synthetic checkpoint preset when --model-dir is not given"
     )
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--calls", default="detokenize,tokenize", help="which calls to time, comma-separated")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -153,7 +190,10 @@ def main() -> int:
             from tritontts.synthetic.spark import write_spark_checkpoint
 
             model_dir = write_spark_checkpoint(Path(tmp) / "spark", args.preset)
-        rows = detokenize_rows(model_dir, args.reps) + tokenize_rows(model_dir, args.reps)
+        calls = args.calls.split(",")
+        rows = (detokenize_rows(model_dir, args.reps) if "detokenize" in calls else []) + (
+            tokenize_rows(model_dir, args.reps) if "tokenize" in calls else []
+        )
     result = {
         "device": device_name(torch.device("cuda")),
         "torch": torch.__version__,

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from tritontts.spark.bicodec import load_bicodec
+from tritontts.spark.frame_mask import temporal_convs
 from tritontts.spark.layers import WNConvTranspose1d
-from tritontts.spark.padded_detokenize import PaddedDetokenizer, PaddedPasses, temporal_convs
+from tritontts.spark.padded_detokenize import PaddedDetokenizer, PaddedPasses
 from tritontts.synthetic.bicodec import write_bicodec
 
 LENGTHS = [37, 5, 60, 12, 12, 1, 49]

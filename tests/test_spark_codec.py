@@ -5,6 +5,7 @@ import subprocess
 import numpy as np
 import pytest
 import soundfile
+import torch
 
 from tritontts.audio import AudioError, AudioLimits, load_wav
 from tritontts.checkpoint import CheckpointError
@@ -46,6 +47,41 @@ def test_batched_equals_one_at_a_time(codec, prompt_zh):
     for voice, audio in zip(batched, audios):
         (alone,) = codec.detokenize([voice.global_tokens], [voice.semantic_tokens])
         np.testing.assert_allclose(audio, alone, atol=1e-4)
+
+
+def test_references_padded_to_a_bucket_give_their_tokens_alone(spark_tiny_dir, codec, prompt_zh):
+    bucketed = SparkCodec(spark_tiny_dir, device="cpu", reference_bucket=16000)
+    wav = load_wav(prompt_zh, 16000)
+    wavs = [wav[:40000], wav[:23456], wav[16000:50000] * 0.3]
+    for w, voice in zip(wavs, bucketed.tokenize(wavs)):
+        (alone,) = codec.tokenize([w])
+        np.testing.assert_array_equal(voice.global_tokens, alone.global_tokens)
+        np.testing.assert_array_equal(voice.semantic_tokens, alone.semantic_tokens)
+
+
+def test_warming_tokenizes_each_bucket_length_once(spark_tiny_dir, codec, monkeypatch):
+    assert codec.warm_tokenizer(2.5) == 0  # no buckets on the CPU by default
+    bucketed = SparkCodec(spark_tiny_dir, device="cpu", reference_bucket=16000)
+    seen = []
+    tokenize = bucketed.tokenize
+    monkeypatch.setattr(bucketed, "tokenize", lambda wavs: seen.append(len(wavs[0])) or tokenize(wavs))
+    assert bucketed.warm_tokenizer(2.5) == 3
+    assert seen == [16000, 32000, 48000]
+
+
+def test_the_encoder_mask_keeps_the_padding_out(codec):
+    encoder = codec.bicodec.encoder
+    features = torch.randn(
+        1, codec.bicodec.config.encoder.input_channels, 40, generator=torch.Generator().manual_seed(0)
+    )
+    padded = torch.nn.functional.pad(features, (0, 24))
+    with torch.no_grad():
+        alone = encoder(features)
+        with codec.encoder_mask.active(torch.tensor([40]), 64):
+            masked = encoder(padded)
+        unmasked = encoder(padded)
+    torch.testing.assert_close(masked[..., :40], alone, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(unmasked[..., :40], alone, atol=1e-3)
 
 
 def test_deterministic(codec, prompt_zh):

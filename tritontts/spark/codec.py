@@ -12,6 +12,7 @@ from tritontts.devices import resolve_device
 from tritontts.spark.audio import reference_clip, volume_normalize
 from tritontts.spark.bicodec import load_bicodec
 from tritontts.spark.config import SparkAudioConfig
+from tritontts.spark.frame_mask import FrameMask, temporal_convs
 from tritontts.spark.padded_detokenize import PaddedDetokenizer, PaddedPasses
 from tritontts.spark.service import VoiceTokens
 from tritontts.wav2vec2 import load_wav2vec2
@@ -28,8 +29,11 @@ class SparkCodec:
         with_tokenizer: bool = True,
         cuda_graphs: bool = True,
         passes: PaddedPasses | None = None,
+        reference_bucket: int | None = None,
     ) -> None:
-        """`cuda_graphs`: on CUDA, detokenize replays its padded passes from CUDA graphs (see PaddedDetokenizer)."""
+        """`cuda_graphs`: on CUDA, detokenize replays its padded passes from CUDA graphs (see PaddedDetokenizer).
+        `reference_bucket`: tokenize pads reference audio to a multiple of this many samples (default one
+        second on CUDA, where a new length costs convolution plans; none elsewhere)."""
         model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.config = SparkAudioConfig.from_yaml(model_dir / "config.yaml")
@@ -40,6 +44,10 @@ class SparkCodec:
             if with_tokenizer
             else None
         )
+        if reference_bucket is None:
+            reference_bucket = self.config.sample_rate if self.device.type == "cuda" else 0
+        self.reference_bucket = reference_bucket
+        self.encoder_mask = FrameMask(temporal_convs(self.bicodec.encoder))
 
     @property
     def sample_rate(self) -> int:
@@ -53,14 +61,32 @@ class SparkCodec:
         if self.config.volume_normalize:
             wavs = [volume_normalize(np.asarray(w, dtype=np.float32)) for w in wavs]
         clips = np.stack([reference_clip(w, self.config.ref_segment_length) for w in wavs])
-        features, frames = self.wav2vec2.spark_features(list(wavs))
+        features, frames = self.wav2vec2.spark_features(list(wavs), pad_multiple=self.reference_bucket)
         ref = torch.from_numpy(clips).to(self.device, self.bicodec.dtype)
-        global_ids, semantic_ids = self.bicodec.tokenize(features, ref, frames.to(self.device))
-        global_ids, semantic_ids = global_ids.cpu().numpy(), semantic_ids.cpu().numpy()
+        global_ids = self.bicodec.tokenize_global(ref).cpu().numpy()
+        semantic_ids = self._semantic_ids(features, frames.to(self.device)).cpu().numpy()
         return [
             VoiceTokens(global_ids[i].astype(np.int32), semantic_ids[i, : int(n)].astype(np.int32))
             for i, n in enumerate(frames.tolist())
         ]
+
+    def warm_tokenizer(self, max_seconds: float) -> int:
+        """Tokenize one reference of each bucket length up to `max_seconds` (with `reference_bucket` set), so
+        requests find their shapes' convolution plans made; returns how many."""
+        if not self.reference_bucket or self.wav2vec2 is None:
+            return 0
+        bucket = self.reference_bucket
+        lengths = range(bucket, -(-int(max_seconds * self.sample_rate) // bucket) * bucket + 1, bucket)
+        noise = np.random.default_rng(0).standard_normal(lengths[-1]).astype(np.float32)
+        for samples in lengths:
+            self.tokenize([0.1 * noise[:samples]])
+        return len(lengths)
+
+    def _semantic_ids(self, features: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+        """Padded features `[B, T, C]` → ids `[B, T]` in one pass, each item as alone (see FrameMask)."""
+        with self.encoder_mask.active(frames, features.shape[1]):
+            latents = self.bicodec.encoder(features.to(self.bicodec.dtype).transpose(1, 2))
+        return self.bicodec.quantizer.tokenize(latents)
 
     def detokenize(
         self, global_tokens: Sequence[np.ndarray], semantic_tokens: Sequence[np.ndarray]

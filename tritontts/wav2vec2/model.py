@@ -236,18 +236,25 @@ class Wav2Vec2Encoder(nn.Module):
         wavs: Sequence[np.ndarray | torch.Tensor] | torch.Tensor | np.ndarray,
         layers: Sequence[int] = SPARK_LAYERS,
         lengths: Sequence[int] | torch.Tensor | None = None,
+        pad_multiple: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean of h[i] for i in `layers` ([B, T, H]; frames past a row's length are zero) and frames per row.
 
         Each utterance is normalised over its own samples and right-padded, as Spark-TTS's feature extractor
         does, so a batch gives each row what that row alone would give. `lengths` cuts each row of an
-        already padded batch to its samples.
+        already padded batch to its samples. `pad_multiple` pads the batch further, to a multiple of that many
+        samples, so that few shapes come (on CUDA each new one costs convolution plans); with the per-frame
+        layer norm of XLSR-style checkpoints only, since a group norm over time would see the padding.
         """
         if not layers or min(layers) < 0:
             raise ValueError(f"layers must be non-empty hidden-state indices, got {tuple(layers)}")
+        if pad_multiple and self.config.feat_extract_norm != "layer":
+            raise ValueError("pad_multiple needs feat_extract_norm 'layer' (a group norm sees the padding)")
         if lengths is not None:
             wavs = [wav[: int(n)] for wav, n in zip(wavs, lengths, strict=True)]
         input_values, lengths = normalize_and_pad(wavs, device=self.device, normalize=self.normalize_inputs)
+        if pad_multiple:
+            input_values = F.pad(input_values, (0, -input_values.shape[1] % pad_multiple))
         states = self.hidden_states(input_values, lengths, num_layers=max(layers))
         mixed = sum(states[i] for i in layers) / len(layers)
         frames = self.frame_lengths(lengths)

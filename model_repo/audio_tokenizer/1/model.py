@@ -27,6 +27,7 @@ class TritonPythonModel:
         )
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=max_seconds))
+        self.codec.warm_tokenizer(max_seconds)
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
         self.counters = VoiceCacheCounters(pb_utils, config["name"])
         self.hits, self.misses = self.counters.hits, self.counters.misses
