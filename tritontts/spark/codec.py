@@ -33,7 +33,8 @@ class SparkCodec:
     ) -> None:
         """`cuda_graphs`: on CUDA, detokenize replays its padded passes from CUDA graphs (see PaddedDetokenizer).
         `reference_bucket`: tokenize pads reference audio to a multiple of this many samples (default one
-        second on CUDA, where a new length costs convolution plans; none elsewhere)."""
+        second on CUDA, where a new length costs convolution plans, with wav2vec2's per-frame layer norm; none
+        elsewhere)."""
         model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.config = SparkAudioConfig.from_yaml(model_dir / "config.yaml")
@@ -45,7 +46,8 @@ class SparkCodec:
             else None
         )
         if reference_bucket is None:
-            reference_bucket = self.config.sample_rate if self.device.type == "cuda" else 0
+            per_frame = self.wav2vec2 is not None and self.wav2vec2.config.feat_extract_norm == "layer"
+            reference_bucket = self.config.sample_rate if self.device.type == "cuda" and per_frame else 0
         self.reference_bucket = reference_bucket
         self.encoder_mask = FrameMask(temporal_convs(self.bicodec.encoder))
 
