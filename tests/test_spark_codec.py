@@ -77,7 +77,7 @@ def test_the_encoder_mask_keeps_the_padding_out(codec):
     padded = torch.nn.functional.pad(features, (0, 24))
     with torch.no_grad():
         alone = encoder(features)
-        with codec.encoder_mask.active(torch.tensor([40]), 64):
+        with codec.bicodec.encoder_mask.active(torch.tensor([40]), 64):
             masked = encoder(padded)
         unmasked = encoder(padded)
     torch.testing.assert_close(masked[..., :40], alone, atol=1e-5, rtol=1e-5)

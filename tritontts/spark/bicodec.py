@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from tritontts.checkpoint import load_strict, read_state_dict
 from tritontts.dsp.mel import MelSpectrogram
 from tritontts.spark.config import BiCodecConfig
+from tritontts.spark.frame_mask import FrameMask, temporal_convs
 from tritontts.spark.layers import fuse_weight_norm
 from tritontts.spark.quantizers import FactorizedVectorQuantizer
 from tritontts.spark.speaker import SpeakerEncoder
@@ -21,13 +22,18 @@ from tritontts.spark.vocos import FeatureDecoder, FeatureEncoder
 from tritontts.spark.wave_generator import WaveGenerator
 
 
+def _checked_lengths(lengths: Tensor, batch: int, full: int) -> list[int]:
+    values = [int(v) for v in lengths.tolist()]
+    if len(values) != batch or any(not 0 <= v <= full for v in values):
+        raise ValueError(f"lengths must be {batch} values in 0..{full}, got {values}")
+    return values
+
+
 def _groups_by_length(lengths: Tensor | None, batch: int, full: int) -> dict[int, list[int]]:
     """Item indices grouped by valid length (all `full` when `lengths` is None); empty items are left out."""
     if lengths is None:
         return {full: list(range(batch))} if full > 0 else {}
-    values = [int(v) for v in lengths.tolist()]
-    if len(values) != batch or any(not 0 <= v <= full for v in values):
-        raise ValueError(f"lengths must be {batch} values in 0..{full}, got {values}")
+    values = _checked_lengths(lengths, batch, full)
     groups: dict[int, list[int]] = {}
     for index, value in enumerate(values):
         if value > 0:
@@ -36,15 +42,17 @@ def _groups_by_length(lengths: Tensor | None, batch: int, full: int) -> dict[int
 
 
 class BiCodec(nn.Module):
-    """Padded batches are split into groups of equal length inside `tokenize` / `detokenize`, so every
-    item is computed exactly as it would be alone (convolutions, norms and attention never see padding);
-    outputs past an item's length are zero."""
+    """Every item of a padded batch is computed as it would be alone; outputs past an item's length are zero.
+    `tokenize` runs the batch in one pass, the encoder's convolutions seeing zeros past each item's end
+    (`FrameMask`); `detokenize` splits it into groups of equal length (the vocoder's padded passes are
+    `tritontts.spark.padded_detokenize`)."""
 
     def __init__(self, cfg: BiCodecConfig) -> None:
         super().__init__()
         self.config = cfg
         self.hop_length = cfg.decoder.hop_length
         self.encoder = FeatureEncoder(cfg.encoder)
+        self.encoder_mask = FrameMask(temporal_convs(self.encoder))
         self.decoder = WaveGenerator(cfg.decoder)
         self.quantizer = FactorizedVectorQuantizer(cfg.quantizer)
         self.speaker_encoder = SpeakerEncoder(cfg.speaker_encoder)
@@ -79,11 +87,13 @@ class BiCodec(nn.Module):
     def tokenize_semantic(self, features: Tensor, lengths: Tensor | None = None) -> Tensor:
         """wav2vec2 features `[B, T, C_in]` → semantic ids `[B, T]` (0 past each item's length)."""
         batch, frames, _ = features.shape
-        ids = torch.zeros(batch, frames, dtype=torch.long, device=features.device)
-        for length, items in _groups_by_length(lengths, batch, frames).items():
-            chunk = features[items, :length].to(self.dtype).transpose(1, 2)
-            ids[items, :length] = self.quantizer.tokenize(self.encoder(chunk))
-        return ids
+        if lengths is None:
+            lengths = torch.full((batch,), frames, dtype=torch.long)
+        _checked_lengths(lengths, batch, frames)
+        lengths = lengths.to(features.device)
+        with self.encoder_mask.active(lengths, frames):
+            ids = self.quantizer.tokenize(self.encoder(features.to(self.dtype).transpose(1, 2)))
+        return ids.masked_fill(torch.arange(frames, device=ids.device) >= lengths.unsqueeze(1), 0)
 
     @torch.no_grad()
     def tokenize(

@@ -12,7 +12,6 @@ from tritontts.devices import resolve_device
 from tritontts.spark.audio import reference_clip, volume_normalize
 from tritontts.spark.bicodec import load_bicodec
 from tritontts.spark.config import SparkAudioConfig
-from tritontts.spark.frame_mask import FrameMask, temporal_convs
 from tritontts.spark.padded_detokenize import PaddedDetokenizer, PaddedPasses
 from tritontts.spark.service import VoiceTokens
 from tritontts.wav2vec2 import load_wav2vec2
@@ -49,7 +48,6 @@ class SparkCodec:
             per_frame = self.wav2vec2 is not None and self.wav2vec2.config.feat_extract_norm == "layer"
             reference_bucket = self.config.sample_rate if self.device.type == "cuda" and per_frame else 0
         self.reference_bucket = reference_bucket
-        self.encoder_mask = FrameMask(temporal_convs(self.bicodec.encoder))
 
     @property
     def sample_rate(self) -> int:
@@ -65,8 +63,8 @@ class SparkCodec:
         clips = np.stack([reference_clip(w, self.config.ref_segment_length) for w in wavs])
         features, frames = self.wav2vec2.spark_features(list(wavs), pad_multiple=self.reference_bucket)
         ref = torch.from_numpy(clips).to(self.device, self.bicodec.dtype)
-        global_ids = self.bicodec.tokenize_global(ref).cpu().numpy()
-        semantic_ids = self._semantic_ids(features, frames.to(self.device)).cpu().numpy()
+        global_ids, semantic_ids = self.bicodec.tokenize(features, ref, frames.to(self.device))
+        global_ids, semantic_ids = global_ids.cpu().numpy(), semantic_ids.cpu().numpy()
         return [
             VoiceTokens(global_ids[i].astype(np.int32), semantic_ids[i, : int(n)].astype(np.int32))
             for i, n in enumerate(frames.tolist())
@@ -83,12 +81,6 @@ class SparkCodec:
         for samples in lengths:
             self.tokenize([0.1 * noise[:samples]])
         return len(lengths)
-
-    def _semantic_ids(self, features: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
-        """Padded features `[B, T, C]` → ids `[B, T]` in one pass, each item as alone (see FrameMask)."""
-        with self.encoder_mask.active(frames, features.shape[1]):
-            latents = self.bicodec.encoder(features.to(self.bicodec.dtype).transpose(1, 2))
-        return self.bicodec.quantizer.tokenize(latents)
 
     def detokenize(
         self, global_tokens: Sequence[np.ndarray], semantic_tokens: Sequence[np.ndarray]
