@@ -1,7 +1,8 @@
 """Time the sampler's candidate selection (top-k of [B, V] fp32 logits) as a decode graph runs it.
 
 `torch.topk` over the whole vocabulary against `torch.ops.tritontts.top_k` (chunks sorted in parallel, then
-their winners) at several chunk sizes, each replayed from a CUDA graph; checks both give the same values.
+their winners) at several chunk sizes, each `--calls` times in one CUDA graph (as a decode step's graph holds it, no launch
+between); checks both give the same values.
 Writes JSON with the device and the command.
 """
 
@@ -9,36 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import triton
+from bench_skinny_linear import graphed_us
 
 from tritontts.llm import top_k as top_k_module
-
-
-def replay_us(fn, iters: int = 200) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(1000 * start.elapsed_time(end) / iters)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -48,6 +27,8 @@ def main() -> None:
     parser.add_argument("--ks", default="50,64,1024")
     parser.add_argument("--chunks", default="256,512,1024,2048,4096")
     parser.add_argument("--warps", default="0", help="num_warps to try (0: the default)")
+    parser.add_argument("--calls", type=int, default=20, help="selections captured in one graph")
+    parser.add_argument("--reps", type=int, default=20, help="graph replays timed (median)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -60,7 +41,9 @@ def main() -> None:
             row = {
                 "batch": batch,
                 "k": k,
-                "torch_topk_us": round(replay_us(lambda x=logits, n=k: x.topk(n, dim=-1)), 2),
+                "torch_topk_us": round(
+                    graphed_us(lambda x=logits, n=k: x.topk(n, dim=-1), args.calls, args.reps), 2
+                ),
             }
             for chunk in [int(c) for c in args.chunks.split(",")]:
                 if 2 * top_k_module.padded_k(k) > chunk:
@@ -71,7 +54,8 @@ def main() -> None:
                     logits.gather(1, ids), values
                 )
                 for warps in [int(w) for w in args.warps.split(",")]:
-                    us = replay_us(lambda x=logits, n=k, c=chunk, w=warps: top_k_module.top_k(x, n, 0, c, w))
+                    call = lambda x=logits, n=k, c=chunk, w=warps: top_k_module.top_k(x, n, 0, c, w)  # noqa: E731
+                    us = graphed_us(call, args.calls, args.reps)
                     row[f"triton_c{chunk}_w{warps}_us"] = round(us, 2)
             print(
                 json.dumps(
