@@ -77,9 +77,10 @@ def main() -> int:
     from tritontts.dit_token2wav.token2wav import DiTToken2Wav, hift_config_of
 
     dtype = resolve_flow_dtype(args.dtype, device)
-    model_dir = args.model_dir or write_flow_and_hift(Path(tempfile.mkdtemp()), args.preset)
-    flow = load_dit_flow(model_dir, device, dtype)
-    hift = load_hift(model_dir / HIFT_FILE, hift_config_of(model_dir / HIFT_FILE), device)
+    with tempfile.TemporaryDirectory() as tmp:  # the synthetic checkpoint, gone once loaded
+        model_dir = args.model_dir or write_flow_and_hift(Path(tmp), args.preset)
+        flow = load_dit_flow(model_dir, device, dtype)
+        hift = load_hift(model_dir / HIFT_FILE, hift_config_of(model_dir / HIFT_FILE), device)
     t2w = DiTToken2Wav(flow, hift, seed=0)
     steps = flow.config.n_timesteps
 
@@ -170,7 +171,7 @@ def main() -> int:
         for path, decoder in (("eager", None), ("graphed", graphed)):
             flow.graphed_decoder = decoder
             before = dict(graphed.calls)
-            cases[name][f"{path}_ms"] = round(median_ms(call, args.reps, device, setup), 2)
+            cases[name][f"{path}_ms"] = round(median_ms(call, args.reps, device, setup=setup), 2)
             if decoder is not None:
                 cases[name]["decoder_calls"] = {k: graphed.calls[k] - before[k] for k in before}
         t2w.cancel(STREAM)

@@ -30,6 +30,7 @@ def median_ms(
     call: Callable[[], object],
     reps: int,
     device: torch.device = CUDA,
+    *,
     warmup: int = 3,
     setup: Callable[[], object] | None = None,
 ) -> float:

@@ -1,0 +1,99 @@
+"""The scripts under scripts/ run: each one's --help, and bench_dit_flow_graphs.py's CPU dry check end to end.
+
+Each runs as a subprocess of this interpreter (the test virtual environment's python) from a scratch folder,
+with this checkout first on PYTHONPATH, as a user would run it from the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
+DIT_BENCH = REPO / "scripts" / "bench_dit_flow_graphs.py"
+
+
+def run_script(script: Path, *args: str, scratch: Path, timeout: float) -> subprocess.CompletedProcess:
+    """`script args` from `scratch/cwd`, its temporary files under `scratch/tmp`."""
+    cwd, tmp = scratch / "cwd", scratch / "tmp"
+    cwd.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(tmp))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_every_script_is_listed():
+    assert DIT_BENCH in SCRIPTS and len(SCRIPTS) > 10
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_help(script: Path, tmp_path: Path):
+    done = run_script(script, "--help", scratch=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.lstrip().startswith("usage:"), done.stdout[:2000]
+    assert list((tmp_path / "cwd").iterdir()) == [], "--help wrote files"
+
+
+def number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
+    """Eager against the graphed decoder's padded calls (no capture on CPU), a synthetic tiny checkpoint."""
+    out = tmp_path / "out" / "dit.json"
+    out.parent.mkdir()
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "1", "--out", str(out))
+    done = run_script(DIT_BENCH, *args, scratch=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"wrote {out}" in done.stdout
+    result = json.loads(out.read_text())
+
+    assert {
+        "device",
+        "torch",
+        "python",
+        "command",
+        "model",
+        "flow_dtype",
+        "reps",
+        "graph_config",
+        "capture",
+    } <= set(result)
+    assert result["model"] == "synthetic tiny, seed 0"
+    assert result["flow_dtype"] == "torch.float32"
+    assert result["reps"] == 1
+    assert result["capture"]["graphs"] == 0
+    assert set(result["cases"]) == {"first_chunk", "later_chunk", "offline_5s"}
+    for name, case in result["cases"].items():
+        for key in ("eager_ms", "graphed_ms", "speedup", "mel_max_abs_diff", "mel_abs_max"):
+            assert number(case[key]), (name, key, case[key])
+        assert case["eager_ms"] > 0 and case["graphed_ms"] > 0 and case["speedup"] >= 0, (name, case)
+        assert case["mel_frames"] > 0 and case["mel_abs_max"] > 0, (name, case)
+        # float32 on CPU: the padded calls give the eager mel up to rounding
+        assert case["mel_max_abs_diff"] < 1e-3, (name, case)
+        # no capture on CPU: the graphed decoder runs every call padded, eagerly
+        assert case["decoder_calls"]["graph"] == 0 and case["decoder_calls"]["padded"] > 0, (name, case)
+    for name in ("first_chunk", "later_chunk"):
+        case = result["cases"][name]
+        assert case["cache_att_max_abs_diff"] < 1e-3 and case["cache_cnn_max_abs_diff"] < 1e-3, (name, case)
+    assert (
+        result["cases"]["later_chunk"]["cache_frames_before"]
+        > result["cases"]["first_chunk"]["cache_frames_before"]
+    )
+    # the synthetic checkpoint's temporary folder is removed once loaded
+    assert not list((tmp_path / "tmp").rglob("*.pt")) and not list((tmp_path / "tmp").rglob("flow.yaml"))
