@@ -13,14 +13,13 @@ from contextlib import asynccontextmanager
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from tritontts.audio import AudioLimits
+from tritontts.json_body import parse_json_object
 from tritontts.openai_api.encode import FORMATS, StreamEncoder, encode
-from tritontts.openai_api.errors import ApiError, bad_request, install_error_handlers
+from tritontts.openai_api.errors import ApiError, bad_request, install_error_handlers, validated
 from tritontts.openai_api.limits import BodySizeLimit, ConcurrencyLimit
 from tritontts.openai_api.settings import Settings
 from tritontts.openai_api.speech import SpeechRequest, check_speech_request
@@ -221,31 +220,18 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
 async def _speech_body(request: Request) -> SpeechRequest:
     """The body as JSON, or as multipart form fields (`ref_audio` may be a file part, `voice` a JSON object)."""
     content_type = request.headers.get("content-type", "")
-    if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        form = await request.form()
-        data: dict = {}
-        for key, value in form.multi_items():
-            if isinstance(value, UploadFile):
-                data[key] = await value.read()
-            elif key == "voice" and value.strip().startswith("{"):
-                try:
-                    data[key] = json.loads(value)
-                except json.JSONDecodeError as err:
-                    raise bad_request(f"voice is not a JSON object: {err}", "voice") from None
-            else:
-                data[key] = value
-    else:
-        try:
-            data = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise bad_request(f"the request body must be a JSON object: {err}", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise bad_request("the request body must be a JSON object", code="invalid_json")
-    try:
-        return SpeechRequest.model_validate(data)
-    except ValidationError as err:
-        errors = [e | {"loc": ("body", *e.get("loc", ()))} for e in err.errors()]
-        raise RequestValidationError(errors) from None
+    if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        return validated(SpeechRequest, parse_json_object(await request.body()))
+    form = await request.form()
+    data: dict = {}
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            data[key] = await value.read()
+        elif key == "voice" and value.strip().startswith("{"):
+            data[key] = parse_json_object(value, "voice")
+        else:
+            data[key] = value
+    return validated(SpeechRequest, data)
 
 
 async def _encoded_stream(

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tritontts.json_body import JsonBodyError
+
+M = TypeVar("M", bound=BaseModel)
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
@@ -68,6 +74,15 @@ def _validation_error(error: RequestValidationError) -> ApiError:
     return bad_request(f"'{'.'.join(location)}': {first.get('msg', 'is invalid')}", param)
 
 
+def validated(model: type[M], data: dict[str, Any]) -> M:
+    """`data` as a request body `model`; a RequestValidationError (answered as a 400 naming the field) if not."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        errors = [e | {"loc": ("body", *e.get("loc", ()))} for e in err.errors()]
+        raise RequestValidationError(errors) from None
+
+
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
@@ -75,6 +90,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
         return error.response()
+
+    @app.exception_handler(JsonBodyError)
+    async def json_error(_: Request, error: JsonBodyError) -> JSONResponse:
+        return bad_request(error.message, error.param, code="invalid_json").response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:

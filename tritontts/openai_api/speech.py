@@ -46,7 +46,7 @@ class VoiceDesign(BaseModel):
 
 
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     input: str

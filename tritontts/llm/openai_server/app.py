@@ -19,13 +19,14 @@ from jinja2.exceptions import TemplateError
 from starlette.background import BackgroundTask
 from tokenizers import Tokenizer
 
+from tritontts.json_body import parse_json_object
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.openai_server.chat_template import ChatTemplate
 from tritontts.llm.openai_server.detokenize import TextStream
 from tritontts.llm.openai_server.generation import EngineStream, GenerationError
 from tritontts.llm.openai_server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from tritontts.llm.sequence import SamplingParams
-from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, install_error_handlers
+from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, install_error_handlers, validated
 from tritontts.spark.prompt import load_llm_tokenizer
 
 
@@ -207,7 +208,8 @@ def create_app(served: ServedModel) -> FastAPI:
         yield sse("[DONE]")
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest, http: Request):
+    async def completions(http: Request):
+        request = validated(CompletionRequest, parse_json_object(await http.body()))
         prompt_ids = completion_prompt_ids(served.tokenizer, request.prompt)
 
         def choice(text: str, finish: str | None) -> dict:
@@ -216,7 +218,8 @@ def create_app(served: ServedModel) -> FastAPI:
         return await respond(http, request, prompt_ids, "text_completion", choice)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest, http: Request):
+    async def chat_completions(http: Request):
+        request = validated(ChatCompletionRequest, parse_json_object(await http.body()))
         prompt_ids = chat_prompt_ids(served, request)
 
         def message(text: str, finish: str | None) -> dict:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class SamplingFields(BaseModel):
     """Fields both endpoints share; unknown fields are ignored, as OpenAI-compatible servers do."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
