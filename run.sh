@@ -79,6 +79,7 @@ vocoder_instance_num=1
 vocoder_cuda_graphs=auto            # spark_tts: BiCodec's padded vocoder passes replayed from CUDA graphs: auto (on CUDA) | true | false
 model_device=auto                   # audio tokenizer and vocoder: auto | cuda | cpu
 server_timeout=600                  # seconds stage 3 waits for readiness
+gpus=""                             # stages 3-4, data parallel: one tritonserver per GPU (e.g. 0,1,2,3), each the whole pipeline, on ports disagg_*_base_port+1+i; stage 4 spreads its workers round-robin over them; "": one server on the environment's GPUs
 foreground=false                    # stage 3: stay attached to the server (containers)
 server_cpu_threads=auto             # stages 3 and 7: OMP_NUM_THREADS of the servers (torch CPU threads in every python-backend stub); auto: 1 on a GPU host unless --llm_device/--model_device is cpu or OMP_NUM_THREADS is set (H200, a new CosyVoice2 voice: front end 120 -> 45 ms at c=1, 653 -> 41 ms at c=4); 0: leave it to the environment
 server_malloc_arena_max=2           # stages 3 and 7: MALLOC_ARENA_MAX of the servers (glibc malloc arenas of tritonserver and its stubs; glibc's default, 8 per core, let tritonserver's private memory creep up for 30 minutes of traffic); 0: leave it to the environment
@@ -115,6 +116,7 @@ dataset=""                          # a local copy or a hub name (yuekai/seed_tt
 split_name=test
 log_dir=""                          # default: $exp_dir/$model/log_${mode}_tasks_${num_tasks}
 sweep=""                            # stage 4: concurrencies run one after another (e.g. 1,2,4,8,16) instead of --num_tasks
+num_requests=0                      # stages 4 and 8: requests per concurrency, cycling the dataset's rows (keeps that many streams in flight past its row count); 0: each row once
 warmup=0                            # stage 4: rows sent once before measuring, not counted (first-call costs)
 realistic_lengths=false             # stage 4: ask for 50 (spark_tts) or 25 (cosyvoice2) tokens per second of each row's expected duration (synthetic LLMs)
 reference_audio=../shared/data/prompt_zh.wav
@@ -275,6 +277,7 @@ fi
 decoupled=$([ "$mode" = streaming ] && echo True || echo False)
 
 disagg_state=$model_home/disagg/state.json     # stage 7's servers: their logs and pid files are beside it
+dp_state=$model_home/data_parallel/state.json  # stage 3's servers with --gpus
 disagg_repo=$model_home/model_repo_disagg_${mode}
 if [ "$llm_endpoint" = auto ]; then
   llm_host=$server_address
@@ -284,6 +287,7 @@ fi
 
 server_cli() { "$python" scripts/triton_server.py "$@" --pid-file "$pid_file" --log-file "$server_log"; }
 disagg_cli() { local command=$1; shift; "$python" scripts/disaggregated.py "$command" --state-file "$disagg_state" "$@"; }
+dp_cli() { local command=$1; shift; "$python" scripts/disaggregated.py "$command" --state-file "$dp_state" "$@"; }
 fill() { "$python" scripts/fill_template.py -i "$1" "$2"; }
 common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseconds:${max_queue_delay_microseconds}"
 
@@ -356,6 +360,7 @@ prepare_benchmark() {
   [ -n "$sweep" ] && bench_extra+=(--sweep "$sweep")
   [ "$realistic_lengths" = true ] && bench_extra+=(--realistic-lengths)
   [ "$warmup" -gt 0 ] && bench_extra+=(--warmup "$warmup")
+  [ "$num_requests" -gt 0 ] && bench_extra+=(--num-requests "$num_requests")
   [ "$use_spk2info_cache" = true ] && bench_extra+=(--use-spk2info-cache true)
   if [ "$dataset" = "$default_dataset" ] && [ ! -e "$dataset" ]; then
     "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
@@ -382,6 +387,7 @@ mps_stop() {
 if [ "$action" = stop ]; then
   server_cli stop
   [ ! -f "$disagg_state" ] || disagg_cli stop
+  [ ! -f "$dp_state" ] || dp_cli stop
   mps_stop
   exit 0
 fi
@@ -518,7 +524,12 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   fi
 fi
 
-if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ] && [ -n "$gpus" ]; then
+  log "Stage 3: one tritonserver per GPU on GPUs $gpus (data parallel), each serving $model_repo"
+  dp_cli start --co-located --model-repo "$model_repo" --address "$server_address" --timeout "$server_timeout" \
+    --token2wav-gpus "$gpus" --instances-per-gpu 1 --http-base-port "$disagg_http_base_port" \
+    --grpc-base-port "$disagg_grpc_base_port" --metrics-base-port "$disagg_metrics_base_port"
+elif [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   log "Stage 3: tritonserver on http $http_port, grpc $grpc_port, metrics $metrics_port"
   server_cli start --model-repo "$model_repo" --address "$server_address" --http-port "$http_port" --grpc-port "$grpc_port" \
     --metrics-port "$metrics_port" --timeout "$server_timeout"
@@ -531,13 +542,24 @@ fi
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   log "Stage 4: benchmark, ${sweep:-$num_tasks} concurrent tasks, $mode"
   prepare_benchmark
-  "$python" client_grpc.py --server-addr "$server_addr" --server-port "$grpc_port" --metrics-port "$metrics_port" \
+  targets=(--server-addr "$server_addr" --server-port "$grpc_port" --metrics-port "$metrics_port")
+  if [ -n "$gpus" ]; then
+    if ! dp_addrs=$(dp_cli status --print server_addrs); then
+      echo "run.sh: stage 4 with --gpus needs the servers of stage 3 with --gpus, running and ready ($dp_state)" >&2
+      exit 1
+    fi
+    targets=(--server-addrs "$dp_addrs" --num-gpus "$(dp_cli status --print num_gpus)")
+  fi
+  "$python" client_grpc.py "${targets[@]}" \
     --model-name "$model" --mode "$mode" --num-tasks "$num_tasks" --huggingface-dataset "$dataset" --split-name "$split_name" \
     --chunk-overlap-duration "$chunk_overlap" --log-dir "$log_dir" "${bench_extra[@]}"
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   log "Stage 5: one utterance, $mode, into $output_dir"
+  if [ -n "$gpus" ]; then   # the first server of stage 3 with --gpus
+    grpc_port=$((disagg_grpc_base_port + 1)) http_port=$((disagg_http_base_port + 1))
+  fi
   single=(--reference-audio "$reference_audio" --reference-text "$reference_text" --target-text "$target_text")
   [ "$use_spk2info_cache" = true ] && single+=(--use-spk2info-cache true)
   if [ "$mode" = streaming ]; then

@@ -1,7 +1,9 @@
-"""Command line of scripts/disaggregated.py: start | status | stop a disaggregated deployment.
+"""Command line of scripts/disaggregated.py: start | status | stop a multi-server deployment.
 
     scripts/disaggregated.py start --state-file exp/cosyvoice2/disagg/state.json --model-repo REPO \\
         --llm-model-dir CKPT/cosyvoice2_llm --llm-gpus 0 --token2wav-gpus 1,2 --instances-per-gpu 2 [--dry-run]
+    scripts/disaggregated.py start --co-located --state-file exp/spark_tts/data_parallel/state.json \\
+        --model-repo REPO --token2wav-gpus 0,1,2,3 --instances-per-gpu 1    # data parallel: whole pipelines
     scripts/disaggregated.py status --state-file F [--print server_addrs|num_gpus|model_repo|llm_url]
     scripts/disaggregated.py stop --state-file F
 
@@ -54,9 +56,20 @@ def get_parser() -> argparse.ArgumentParser:
     s.add_argument("--address", default=LOOPBACK, help="address every server listens on")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
     s.add_argument("--dry-run", action="store_true", help="print the plan (JSON) and start nothing")
+    s.add_argument(
+        "--co-located",
+        action="store_true",
+        help="no LLM server: every tritonserver serves --model-repo whole, its LLM inside Triton (data parallel "
+        "over --token2wav-gpus); the LLM options are ignored",
+    )
     llm = s.add_argument_group("LLM server")
     llm.add_argument("--llm-backend", choices=LLM_BACKENDS, default="torch")
-    llm.add_argument("--llm-model-dir", type=Path, required=True, help="Hugging Face LLM dir (the tokenizer)")
+    llm.add_argument(
+        "--llm-model-dir",
+        type=Path,
+        default=None,
+        help="Hugging Face LLM dir (the tokenizer); not co-located",
+    )
     llm.add_argument("--llm-engine-dir", type=Path, default=None, help="trtllm: trtllm-build's engines")
     llm.add_argument("--llm-gpus", default="0", help="its CUDA_VISIBLE_DEVICES")
     llm.add_argument("--llm-port", type=int, default=8010)
@@ -76,9 +89,9 @@ def get_parser() -> argparse.ArgumentParser:
         "--oversubscribe')",
     )
     llm.add_argument("--llm-extra-args", default="", help="more arguments for the LLM server, shell-quoted")
-    t2w = s.add_argument_group("token2wav servers")
+    t2w = s.add_argument_group("tritonservers (token2wav, or whole pipelines when co-located)")
     t2w.add_argument("--token2wav-gpus", default="1", help="comma-separated GPUs, each its own servers")
-    t2w.add_argument("--instances-per-gpu", type=int, default=2, help="tritonservers per token2wav GPU")
+    t2w.add_argument("--instances-per-gpu", type=int, default=2, help="tritonservers per GPU")
     t2w.add_argument("--http-base-port", type=int, default=PortBases.http, help="server i: base + 1 + i")
     t2w.add_argument("--grpc-base-port", type=int, default=PortBases.grpc)
     t2w.add_argument("--metrics-base-port", type=int, default=PortBases.metrics)
@@ -91,7 +104,20 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def topology_from_args(args: argparse.Namespace) -> Topology:
-    llm = LLMServerPlan(
+    return Topology(
+        llm=None if args.co_located else llm_from_args(args),
+        model_repo=args.model_repo.resolve(),
+        token2wav_gpus=parse_gpus(args.token2wav_gpus, "--token2wav-gpus"),
+        instances_per_gpu=args.instances_per_gpu,
+        bases=PortBases(args.http_base_port, args.grpc_base_port, args.metrics_base_port),
+        address=args.address,
+    )
+
+
+def llm_from_args(args: argparse.Namespace) -> LLMServerPlan:
+    if args.llm_model_dir is None:
+        raise PlanError("--llm-model-dir is required unless --co-located")
+    return LLMServerPlan(
         backend=args.llm_backend,
         model_dir=args.llm_model_dir.resolve(),
         gpus=parse_gpus(args.llm_gpus, "--llm-gpus"),
@@ -108,14 +134,6 @@ def topology_from_args(args: argparse.Namespace) -> Topology:
         command_prefix=split_args(args.llm_command_prefix),
         extra_args=split_args(args.llm_extra_args),
     )
-    return Topology(
-        llm=llm,
-        model_repo=args.model_repo.resolve(),
-        token2wav_gpus=parse_gpus(args.token2wav_gpus, "--token2wav-gpus"),
-        instances_per_gpu=args.instances_per_gpu,
-        bases=PortBases(args.http_base_port, args.grpc_base_port, args.metrics_base_port),
-        address=args.address,
-    )
 
 
 def print_value(state: dict, name: str) -> str:
@@ -123,7 +141,7 @@ def print_value(state: dict, name: str) -> str:
         "server_addrs": lambda: server_addrs(state["servers"]),
         "num_gpus": lambda: str(state["num_gpus"]),
         "model_repo": lambda: state["model_repo"],
-        "llm_url": lambda: state["llm"]["chat_url"],
+        "llm_url": lambda: "" if state["llm"] is None else state["llm"]["chat_url"],
     }
     return values[name]()
 
@@ -138,9 +156,8 @@ def run_start(args: argparse.Namespace) -> int:
         print(json.dumps(describe(topology, args.state_file.parent, install), indent=2))
         return 0
     state = start(topology, args.state_file, args.timeout, say=lambda line: print(line, flush=True))
-    print(
-        f"disaggregated servers ready: LLM {state['llm']['chat_url']}, token2wav grpc {server_addrs(state['servers'])}"
-    )
+    llm = "" if state["llm"] is None else f"LLM {state['llm']['chat_url']}, "
+    print(f"{topology.layout} servers ready: {llm}tritonserver grpc {server_addrs(state['servers'])}")
     return 0
 
 

@@ -1,7 +1,7 @@
-"""Start, inspect and stop a disaggregated deployment, remembered in a JSON state file.
+"""Start, inspect and stop a multi-server deployment (disaggregated or co-located), remembered in a JSON state file.
 
 `start` refuses while any process of an existing state file still runs (stop it first); a state file whose
-processes are all gone is stale and replaced. It starts the LLM server and every token2wav server at once,
+processes are all gone is stale and replaced. It starts the LLM server (if any) and every tritonserver at once,
 writes the state file (so `stop` finds them even if the launcher dies), waits for the LLM's `/health` and
 each server's `/v2/health/ready`, and on any failure stops everything it started and removes the state file.
 """
@@ -82,12 +82,13 @@ class Member:
 
 def members(state: dict) -> list[Member]:
     """The processes of a state file that were started (a launcher that died midway started only some)."""
-    everyone = [Member("llm", state["llm"]), *(Member(s["name"], s) for s in state["servers"])]
+    llm = [] if state["llm"] is None else [Member("llm", state["llm"])]
+    everyone = [*llm, *(Member(s["name"], s) for s in state["servers"])]
     return [m for m in everyone if "pid" in m.entry]
 
 
 def check_ports_free(topology: Topology) -> None:
-    ports = [topology.llm.port]
+    ports = [] if topology.llm is None else [topology.llm.port]
     for server in topology.servers():
         ports += [server.http_port, server.grpc_port, server.metrics_port]
     for port in ports:
@@ -114,13 +115,14 @@ def start(
         running = [m.name for m in members(existing) if m.ref.alive()]
         if running:
             raise LaunchError(
-                f"disaggregated servers are already running from {state_file} ({', '.join(running)}); stop them "
+                f"servers are already running from {state_file} ({', '.join(running)}); stop them "
                 f"first (bash run.sh stop, or scripts/disaggregated.py stop --state-file {state_file})"
             )
         say(f"replacing the stale state file {state_file} (none of its processes runs)")
     if not Path(topology.model_repo).is_dir():
         raise LaunchError(f"model repository not found: {topology.model_repo}")
-    topology.llm.check_runnable()
+    if topology.llm is not None:
+        topology.llm.check_runnable()
     check_ports_free(topology)
     install = install or find_tritonserver()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -128,18 +130,20 @@ def start(
     spawned: dict[str, Spawned] = {}
     try:
         llm = topology.llm
-        spawned["llm"] = spawn(
-            llm.command(), llm.environment(), Path(state["llm"]["log"]), Path(state["llm"]["pid_file"])
-        )
-        state["llm"] |= spawned["llm"].ref.to_dict()
-        write_state(state_file, state)
+        if llm is not None:
+            spawned["llm"] = spawn(
+                llm.command(), llm.environment(), Path(state["llm"]["log"]), Path(state["llm"]["pid_file"])
+            )
+            state["llm"] |= spawned["llm"].ref.to_dict()
+            write_state(state_file, state)
         for plan, entry in zip(topology.servers(), state["servers"], strict=True):
             spawned[plan.name] = spawn(
                 entry["command"], plan.environment(install), Path(entry["log"]), Path(entry["pid_file"])
             )
             entry |= spawned[plan.name].ref.to_dict()
             write_state(state_file, state)
-        say(f"started the LLM server and {len(state['servers'])} token2wav servers; state: {state_file}")
+        started = f"{len(state['servers'])} tritonservers, {topology.layout}"
+        say(f"started {started}{'' if llm is None else ' and the LLM server'}; state: {state_file}")
         _wait_ready(members(state), spawned, timeout_s, say)
     except BaseException:
         _stop_members([Member(name, s.ref.to_dict()) for name, s in spawned.items()])
@@ -180,7 +184,7 @@ def status(state_file: Path) -> tuple[int, list[str]]:
     """(0 all running and ready | 1 some down or not ready | 3 nothing runs, lines describing each process)."""
     state = read_state(state_file)
     if state is None:
-        return EXIT_NOT_RUNNING, [f"no disaggregated servers ({state_file} does not exist)"]
+        return EXIT_NOT_RUNNING, [f"no servers ({state_file} does not exist)"]
     lines, alive, ready = [], 0, 0
     for member in members(state):
         is_alive = member.ref.alive()
@@ -198,14 +202,14 @@ def stop_all(state_file: Path, grace_s: float = 40.0, say: Callable[[str], None]
     """Stop every process of the state file (token2wav servers first), remove it; returns how many ran."""
     state = read_state(state_file)
     if state is None:
-        say(f"no disaggregated servers ({state_file} does not exist)")
+        say(f"no servers ({state_file} does not exist)")
         return 0
     everyone = members(state)
     servers = [m for m in everyone if not m.is_llm]
     stopped = _stop_members(servers, grace_s) + _stop_members([m for m in everyone if m.is_llm], grace_s)
     _remove_files(state)
     Path(state_file).unlink(missing_ok=True)
-    say(f"stopped {stopped} of {len(everyone)} disaggregated server processes ({state_file})")
+    say(f"stopped {stopped} of {len(everyone)} server processes ({state_file})")
     return stopped
 
 
@@ -219,4 +223,5 @@ def _stop_members(group: list[Member], grace_s: float = 10.0) -> int:
 
 def _remove_files(state: dict) -> None:
     for entry in [state["llm"], *state["servers"]]:
-        Path(entry["pid_file"]).unlink(missing_ok=True)
+        if entry is not None:
+            Path(entry["pid_file"]).unlink(missing_ok=True)

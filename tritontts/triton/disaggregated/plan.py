@@ -1,5 +1,6 @@
-"""What a disaggregated deployment runs: one LLM server and N token2wav tritonservers, with their GPUs, ports,
-command lines and environments. Nothing here starts a process.
+"""What a multi-server deployment runs, with its GPUs, ports, command lines and environments: disaggregated, one
+LLM server and N token2wav tritonservers; or co-located (data parallel), N tritonservers each serving the whole
+pipeline, its LLM inside Triton, and no LLM server. Nothing here starts a process.
 
 Token2wav server `i` listens on `base + 1 + i` for each of http, grpc and metrics (upstream's run.sh starts
 them on 17001.., 18001.., 16001..). Servers are numbered instance-major: the first instance on every GPU,
@@ -143,7 +144,7 @@ class LLMServerPlan:
 
 @dataclass(frozen=True)
 class Token2wavServerPlan:
-    """One tritonserver of the token2wav tier, on one GPU."""
+    """One tritonserver on one GPU: of the token2wav tier, or (co-located) a whole pipeline."""
 
     index: int
     gpu: str
@@ -152,10 +153,11 @@ class Token2wavServerPlan:
     grpc_port: int
     metrics_port: int
     address: str = LOOPBACK
+    role: str = "token2wav"
 
     @property
     def name(self) -> str:
-        return f"token2wav_{self.index}"
+        return f"{self.role}_{self.index}"
 
     @property
     def grpc_url(self) -> str:
@@ -187,7 +189,8 @@ class Token2wavServerPlan:
 
 @dataclass(frozen=True)
 class Topology:
-    llm: LLMServerPlan
+    llm: LLMServerPlan | None
+    """None: co-located, every server's repository holds the LLM (data parallel)"""
     model_repo: Path
     token2wav_gpus: tuple[str, ...]
     instances_per_gpu: int = 2
@@ -199,7 +202,7 @@ class Topology:
             raise PlanError("token2wav GPUs: give at least one")
         if self.instances_per_gpu < 1:
             raise PlanError(f"instances per GPU must be at least 1, not {self.instances_per_gpu}")
-        ports = [self.llm.port]
+        ports = [] if self.llm is None else [self.llm.port]
         for server in self.servers():
             ports += [server.http_port, server.grpc_port, server.metrics_port]
         bad = [p for p in ports if not 0 < p <= MAX_PORT]
@@ -207,8 +210,9 @@ class Topology:
             raise PlanError(f"port {bad[0]} is out of range: lower the base ports")
         clashes = sorted({p for p in ports if ports.count(p) > 1})
         if clashes:
+            llm_port = "none" if self.llm is None else self.llm.port
             raise PlanError(
-                f"port {clashes[0]} would serve twice (LLM port {self.llm.port}, token2wav bases "
+                f"port {clashes[0]} would serve twice (LLM port {llm_port}, server bases "
                 f"http {self.bases.http} grpc {self.bases.grpc} metrics {self.bases.metrics}, "
                 f"{len(self.servers())} servers): pick bases further apart"
             )
@@ -227,14 +231,24 @@ class Topology:
                         grpc_port=self.bases.grpc + offset,
                         metrics_port=self.bases.metrics + offset,
                         address=self.address,
+                        role=self.layout_role,
                     )
                 )
         return servers
 
     @property
+    def layout(self) -> str:
+        return "co-located" if self.llm is None else "disaggregated"
+
+    @property
+    def layout_role(self) -> str:
+        return "triton" if self.llm is None else "token2wav"
+
+    @property
     def gpus(self) -> list[str]:
         """Every GPU of the deployment once, the LLM's first."""
-        return list(dict.fromkeys([*self.llm.gpus, *self.token2wav_gpus]))
+        llm_gpus = () if self.llm is None else self.llm.gpus
+        return list(dict.fromkeys([*llm_gpus, *self.token2wav_gpus]))
 
 
 def split_args(text: str) -> tuple[str, ...]:
@@ -263,10 +277,13 @@ def describe(topology: Topology, run_dir: Path, install: TritonInstall | None) -
         servers.append(entry)
     llm = topology.llm
     return {
+        "layout": topology.layout,
         "model_repo": str(Path(topology.model_repo).resolve()),
         "gpus": topology.gpus,
         "num_gpus": len(topology.gpus),
-        "llm": {
+        "llm": None
+        if llm is None
+        else {
             "backend": llm.backend,
             "gpus": list(llm.gpus),
             "port": llm.port,
