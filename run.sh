@@ -46,7 +46,7 @@ pytriton_spec=nvidia-pytriton==0.7.0  # stage -1: the wheel whose tritonserver r
 wheelhouse=""                       # stage -1: install only from this folder (scripts/make_wheelhouse.py), no package index
 python=""                           # default: $venv_dir/bin/python if it exists, else python3
 python_stub=auto                    # bundled tritonserver only: its python-backend stub; auto: $TRITONTTS_PYTHON_STUB, else $exp_dir/python_stub/'s when built, else the wheel's
-build_python_stub=false             # stage -1: build python_backend r24.12's stub for this Python unless built (GPU hosts: the wheel's crashes; see README)
+build_python_stub=false             # stage -1: build python_backend r24.12's stub for this Python unless built (GPU hosts: the wheel's crashes; see docs/gpu-hosts.md)
 
 # LLM
 llm_dtype=auto                      # torch engine: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32

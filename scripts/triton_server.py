@@ -91,7 +91,7 @@ def watchdog_log(config: ServerConfig) -> Path:
 
 
 def start_watchdog(server: TritonServer, action: str) -> int:
-    """tritontts.triton.watchdog beside the server (README "Reliability"); it ends when the server does."""
+    """tritontts.triton.watchdog beside the server (docs/reliability.md); it ends when the server does."""
     command = [sys.executable, "-m", "tritontts.triton.watchdog", "--server-pid", str(server.pid)]
     command += ["--http-url", server.http_url, "--action", action]
     with open(watchdog_log(server.config), "ab") as log:

@@ -73,7 +73,7 @@ OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
 STUB_DIED_MESSAGES = (
     "is not healthy",
     "stub process died",
-)  # the watchdog reloads the model (README "Reliability")
+)  # the watchdog reloads the model (docs/reliability.md)
 
 
 def triton_error(error: InferenceServerException, retry_after_s: int = 2) -> ApiError:

@@ -1,6 +1,6 @@
 """A watchdog beside tritonserver: a python-backend stub that died is never restarted by tritonserver 2.51.
 
-What 2.51 does (README "Reliability"): after `kill -9` of a stub every later request routed to that instance
+What 2.51 does (docs/reliability.md): after `kill -9` of a stub every later request routed to that instance
 fails with "Stub process '<instance>' is not healthy", for ever, and the model and the server stay ready. So
 this watchdog polls the server's stubs; when an instance of a ready model has had no live stub for `grace_s`,
 it reloads the model through the model-control API (explicit mode: new stubs, the next requests succeed) and,
@@ -58,7 +58,7 @@ class Watchdog:
         """One poll: the models found dead (and acted upon) in it.
 
         Stubs are followed by pid: after a reload, 2.51 may keep an old version's stub alive beside the new one
-        of the same instance name (README "Reliability"), so a name alone would hide a new stub's death."""
+        of the same instance name (docs/reliability.md), so a name alone would hide a new stub's death."""
         now = self.clock()
         stubs = list_stubs(self.config.server_pid)
         live = {s.pid: s for s in stubs}
