@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from leftover_stubs import kill_leftover_stubs
 from tolerance import SERVER_TORCH_THREADS
+from waiting import scaled
 
 # Every tritonserver, stub and run.sh the tests start inherits this: OpenMP threads that sleep when idle instead of
 # spinning, so the many stubs of a test server do not take the 2 cores from each other (on CI's machine a routed
@@ -127,7 +128,7 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     server = TritonServer(config)
     start_with_server_threads(server)
     try:
-        server.wait_ready(timeout=120)
+        server.wait_ready(timeout=scaled(120))
         yield RunningTriton(server=server, repo=repo)
     finally:
         server.stop(grace_s=15)

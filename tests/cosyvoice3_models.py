@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 from cosyvoice2_models import install_shared_models, install_template, reference_prompt
+from http_service import health_probe, start_python
 from spark_models import COMMON
+from waiting import wait_started
 
 from tritontts.cosyvoice3.layout import LLM_DIR, MODEL_DIR
 from tritontts.triton.server import free_ports
@@ -81,19 +81,10 @@ def openai_llm_server(model_dir: Path, log: Path) -> Iterator[subprocess.Popen]:
     command = [sys.executable, "-m", "tritontts.llm.openai_server", "--model-dir", str(model_dir.parent / LLM_DIR),
                "--port", str(LLM_HTTP_PORT), "--device", "cpu", "--dtype", "float32", "--max-batch-size", "4",
                "--no-cuda-graphs", "--log-level", "warning"]  # fmt: skip
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    process = start_python(command, log)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{LLM_HTTP_PORT}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
+        url = f"http://127.0.0.1:{LLM_HTTP_PORT}"
+        wait_started(process, health_probe(url), f"the LLM server answering 200 on {url}/health", log)
         yield process
     finally:
         process.terminate()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import queue
 import re
 import shutil
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -22,7 +21,9 @@ from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_models import PREFIX as COSY
 from cosyvoice2_models import TEMPLATES as COSY_TEMPLATES
 from cosyvoice2_models import bls_values, checkpoint_paths
+from http_service import start_python
 from spark_models import COMMON, STREAMING, install
+from waiting import scaled, wait_started, wait_until
 
 REL = "rel_"
 SPARK_STREAM, SPARK_OFFLINE, SPARK_BUSY = REL + "spark_tts", REL + "spark_tts_offline", REL + "spark_tts_busy"
@@ -41,20 +42,28 @@ MAX_NEW_TOKENS = 300  # 6 s of audio: a stream lasts long enough to be hit mid-w
 LLM_SLOTS = 4
 BLS_INSTANCES = 2  # rel_spark_tts and rel_spark_tts_offline run 2 requests at once
 BUSY_QUEUE = 2  # rel_spark_tts_busy: 1 instance, at most 2 requests waiting; the rest are rejected
+BUSY_MAX_NEW_TOKENS = 600  # rel_spark_tts_busy's budget: a request forced to it holds the instance for long
 REFERENCE_TEXT = PROMPT_ZH_TEXT[:20]  # about the clip's 3 s: the synthetic LLMs' length follows text vs audio
 TARGET = "身临其境，换新体验。塑造开源语音合成新范式，让智能语音更自然。"
 QUEUE_POLICY = re.compile(r"(default_queue_policy \{\s*max_queue_size): \d+")
 
 
 def _bls(
-    repo: Path, name: str, model_dir: Path, decoupled: bool, llm: str, instances: int, queue: int
+    repo: Path,
+    name: str,
+    model_dir: Path,
+    decoupled: bool,
+    llm: str,
+    instances: int,
+    queue: int,
+    max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> None:
     path = install(
         "spark_tts",
         repo,
         name,
         f"bls_instance_num:{instances},llm_tokenizer_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},"
-        f"{STREAMING},max_new_tokens:{MAX_NEW_TOKENS},max_text_length:300,max_reference_seconds:30",
+        f"{STREAMING},max_new_tokens:{max_new_tokens},max_text_length:300,max_reference_seconds:30",
     )
     config = path / "config.pbtxt"
     roles = {"tensorrt_llm": llm, "audio_tokenizer": TOKENIZER, "vocoder": VOCODER}
@@ -84,7 +93,7 @@ def build_reliability_models(repo: Path, data: Path) -> None:
         )
     _bls(repo, SPARK_STREAM, model_dir, True, LLM_STREAM, BLS_INSTANCES, 64)
     _bls(repo, SPARK_OFFLINE, model_dir, False, LLM_OFFLINE, BLS_INSTANCES, 64)
-    _bls(repo, SPARK_BUSY, model_dir, True, LLM_STREAM, 1, BUSY_QUEUE)
+    _bls(repo, SPARK_BUSY, model_dir, True, LLM_STREAM, 1, BUSY_QUEUE, BUSY_MAX_NEW_TOKENS)
 
 
 def build_reliability_cosyvoice2_models(repo: Path, data: Path) -> None:
@@ -184,15 +193,14 @@ class WatchdogProcess:
         command = [sys.executable, "-m", "tritontts.triton.watchdog", "--server-pid", str(server.pid)]
         command += ["--http-url", server.http_url, "--action", action, "--grace", "1", "--poll", "0.5"]
         self.log_path = log or events.with_suffix(".log")
-        self.log = open(self.log_path, "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [*command, "--events", str(events)], stdout=self.log, stderr=subprocess.STDOUT
+        self.process = start_python([*command, "--events", str(events)], self.log_path)
+        wait_started(
+            self.process,
+            lambda: (b"watching" in self.log_path.read_bytes(), "no 'watching' line in its log yet"),
+            "the watchdog",
+            self.log_path,
+            timeout=60,
         )
-
-        deadline = time.monotonic() + 60
-        while b"watching" not in self.log_path.read_bytes() and self.process.poll() is None:
-            assert time.monotonic() < deadline, "the watchdog did not start"
-            time.sleep(0.1)
 
     def actions(self) -> list[str]:
         if not self.events.exists():
@@ -200,8 +208,8 @@ class WatchdogProcess:
         return [line for line in self.events.read_text().splitlines() if line.strip()]
 
     def wait_for_model(self, model: str, skip: int, timeout: float = 300.0) -> list[dict]:
-        """The actions after the first `skip` once one of them is on `model` (or all after `timeout`)."""
-        deadline = time.monotonic() + timeout
+        """The actions after the first `skip` once one of them is on `model` (or all after `timeout`, scaled)."""
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline and self.process.poll() is None:
             actions = json_lines(self.actions()[skip:])
             if any(a["model"] == model for a in actions):
@@ -210,8 +218,9 @@ class WatchdogProcess:
         return json_lines(self.actions()[skip:])
 
     def wait_quiet(self, quiet_s: float = 5.0, timeout: float = 300.0) -> None:
-        """Until no stub has gone missing for `quiet_s` (the watchdog's own log is silent that long)."""
-        deadline = time.monotonic() + timeout
+        """Until no stub has gone missing for `quiet_s` (the watchdog's own log is silent that long; at most
+        `timeout` seconds, scaled)."""
+        deadline = time.monotonic() + scaled(timeout)
         size, since = -1, time.monotonic()
         while time.monotonic() < deadline:
             text = self.log_path.read_text()
@@ -224,7 +233,6 @@ class WatchdogProcess:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
-        self.log.close()
 
 
 def json_lines(lines: list[str]) -> list[dict]:
@@ -262,13 +270,15 @@ def engine_requests(server, model: str) -> dict[str, float]:
 
 
 def wait_engine_idle(server, model: str, timeout: float = 60.0) -> dict[str, float]:
-    """The engine's gauges once both read 0, or what they read after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = engine_requests(server, model)
-        if (state and not any(state.values())) or time.monotonic() > deadline:
-            return state
-        time.sleep(0.5)
+    """The engine's gauges once both read 0; an AssertionError with what they read after `timeout` seconds
+    (scaled: waiting.wait_until)."""
+    return wait_until(
+        lambda: engine_requests(server, model),
+        lambda state: bool(state) and not any(state.values()),
+        f"the engine of {model} to be idle (tritontts_llm_requests running and waiting 0)",
+        timeout=timeout,
+        interval=0.5,
+    )
 
 
 RESIDENT_PARTS = {"total": "VmRSS", "anon": "RssAnon", "file": "RssFile", "shmem": "RssShmem"}

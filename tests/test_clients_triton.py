@@ -10,6 +10,7 @@ import soundfile
 from conftest import PROMPT_ZH_TEXT
 from spark_models import MAX_NEW_TOKENS, build_spark_models
 from test_clients_errors import assert_one_clear_line
+from triton_stats import assert_counts, success_count
 from triton_stubs import signal_stub
 
 TRITON_MODELS = [build_spark_models]
@@ -128,15 +129,7 @@ def test_realistic_lengths_ask_for_the_expected_token_count(server, prompt_zh, t
 
 
 def test_warmup_rows_are_sent_but_not_counted(server, bench_data, tmp_path):
-    import tritonclient.http as httpclient
-
-    def executed() -> int:
-        client = httpclient.InferenceServerClient(server.http_url)
-        (stats,) = client.get_inference_statistics(MODELS["offline"])["model_stats"]
-        client.close()
-        return int(stats["inference_stats"]["success"]["count"])
-
-    before = executed()
+    before = success_count(server, MODELS["offline"])
     done = grpc_client(
         server,
         "--model-name",
@@ -151,7 +144,7 @@ def test_warmup_rows_are_sent_but_not_counted(server, bench_data, tmp_path):
         str(tmp_path),
     )
     assert done.returncode == 0, done.stderr
-    assert executed() - before == 4 + 2
+    assert_counts(server, {MODELS["offline"]: before + 4 + 2}, count=success_count)
     summary = json.loads((tmp_path / "summary.json").read_text())
     (run,) = summary["runs"]
     assert summary["warmup_requests"] == 2

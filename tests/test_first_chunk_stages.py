@@ -13,6 +13,7 @@ import pytest
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
 from triton_stream import stream_waveforms
+from waiting import wait_until
 
 from tritontts.audio import load_wav
 from tritontts.bench.server_stages import (
@@ -65,6 +66,12 @@ def tokens(count: int) -> dict:
     return {"min_new_tokens": count, "max_new_tokens": count}
 
 
+def events(before, after, seconds_name: str, count_name: str, where: dict) -> int:
+    """The events stage_means_ms counts between two scrapes (0 for none)."""
+    means = stage_means_ms(before, after, seconds_name, count_name, where)
+    return 0 if means is None else means["count"]
+
+
 @pytest.mark.parametrize(
     ("bls", "token2wav", "token2wav_stages"),
     [(COSYVOICE2, TOKEN2WAV, {"flow", "vocoder"}), (DIT, TOKEN2WAV_DIT, {"frontend", "flow", "vocoder"})],
@@ -74,7 +81,17 @@ def test_one_stream_counts_one_first_chunk_with_every_stage(
 ):
     before = scrape(metrics_url)
     chunks = stream_waveforms(server.grpc_url, bls, request(reference), tokens(60))
-    after = scrape(metrics_url)
+    after = wait_until(  # once the BLS and token2wav have recorded what this test expects (or more)
+        lambda: scrape(metrics_url),
+        lambda after: (
+            events(before, after, BLS_SECONDS, BLS_COUNT, {"model": bls}) >= 1
+            and events(
+                before, after, TOKEN2WAV_SECONDS, TOKEN2WAV_COUNT, {"model": token2wav, "chunk": "other"}
+            )
+            >= 2
+        ),
+        f"a first chunk of {bls} and two other token2wav calls on {metrics_url}",
+    )
     assert len(chunks) == 3
     first = stage_means_ms(before, after, BLS_SECONDS, BLS_COUNT, {"model": bls})
     assert first["count"] == 1

@@ -32,6 +32,7 @@ from k8s_manifests import (
     run_sh_line,
 )
 from spark_models import build_spark_models
+from waiting import wait_until
 
 from tritontts.triton.bundle import TritonInstall
 from tritontts.triton.disaggregated.plan import CHAT_PATH, LLMServerPlan, split_args
@@ -539,13 +540,25 @@ def live_metrics(triton) -> tuple[str, str]:
         "reference_text": np.array([[b"A reference."]], dtype=object),
         "target_text": np.array([[b"One streamed sentence."]], dtype=object),
     }
+    url = f"http://127.0.0.1:{server.server.config.metrics_port}/metrics"
+
+    def scrape() -> tuple[str, float]:
+        text = urllib.request.urlopen(url, timeout=30).read().decode()
+        counts = re.findall(r'^nv_inference_count\{[^}]*model="spark_tts"[^}]*\} (\S+)$', text, re.M)
+        return text, sum(float(c) for c in counts)
+
+    _, before = scrape()
     result = Stream(server.grpc_url, "spark_tts", arrays, ["waveform"]).read()
     assert result.error is None and result.outputs
     client = httpclient.InferenceServerClient(server.http_url)
     version = client.get_server_metadata()["version"]
     client.close()
-    port = server.server.config.metrics_port
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode(), version
+    text, _ = wait_until(  # Triton counts the request once it has released it, after the final response
+        scrape,
+        lambda scraped: scraped[1] >= before + 1,
+        f'nv_inference_count{{model="spark_tts"}} + 1 on {url}',
+    )
+    return text, version
 
 
 def exposition(text: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:

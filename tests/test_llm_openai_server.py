@@ -21,6 +21,7 @@ import openai
 import pytest
 import uvicorn
 from http_service import http_service
+from waiting import scaled, wait_until
 
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, prompt_text
 from tritontts.cosyvoice2.tokens import SPEECH_STOP_TOKENS
@@ -268,9 +269,9 @@ def in_process_server(llm_dir) -> Iterator[tuple[str, LLMEngine]]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive()
+        assert time.monotonic() < deadline and thread.is_alive(), "the in-process server did not start"
         time.sleep(0.05)
     yield url, engine
     server.should_exit = True
@@ -278,11 +279,7 @@ def in_process_server(llm_dir) -> Iterator[tuple[str, LLMEngine]]:
 
 
 def wait_for(condition, what: str, seconds: float = 30):
-    deadline = time.monotonic() + seconds
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
-        time.sleep(0.02)
-    return value
+    return wait_until(condition, bool, what, timeout=seconds, interval=0.02)
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -18,6 +18,7 @@ import soundfile
 from conftest import PROMPT_ZH_TEXT
 from openai_api_process import api_process, decode
 from spark_models import MAX_NEW_TOKENS, build_spark_models
+from triton_stats import assert_counts, success_count
 
 from tritontts.openai_api.encode import StreamEncoder, streaming_wav_header
 from tritontts.openai_api.settings import parse_model_spec
@@ -227,7 +228,7 @@ def test_voices_listed_added_and_cached(http, triton_server, prompt_zh):
     upload = io.BytesIO()
     soundfile.write(upload, wav[: 3 * rate], rate, format="WAV")  # audio no request has sent before
     files = {"audio_sample": ("fresh.wav", upload.getvalue(), "audio/wav")}
-    before = tokenizer_count(triton_server)
+    before = success_count(triton_server, "audio_tokenizer")
     response = http.post(
         # about the clip's first 3 s: the synthetic LLM's length follows the transcript vs the clip
         "/v1/audio/voices",
@@ -238,29 +239,20 @@ def test_voices_listed_added_and_cached(http, triton_server, prompt_zh):
     assert (response.json()["id"], response.json()["duration"]) == ("fresh", 3.0)
     assert response.json()["profiles"] == ["spark_tts"]
     assert [v["id"] for v in http.get("/v1/audio/voices").json()["data"]] == ["fresh", "zh"]
-    assert tokenizer_count(triton_server) == before + 1  # the voice's profile, made once at upload
+    once = {"audio_tokenizer": before + 1}  # the voice's profile, made once at upload
+    assert_counts(triton_server, once, count=success_count)
 
+    served = success_count(triton_server, "spark_tts_offline")
     for _ in range(4):
         assert (
             http.post("/v1/audio/speech", json=speech(voice="fresh", response_format="pcm")).status_code
             == 200
         )
     # The requests send the profile: the tokenizer is not called again (test_voice_api.py has more).
-    assert tokenizer_count(triton_server) == before + 1
+    assert_counts(triton_server, once, over={"spark_tts_offline": served + 4}, count=success_count)
 
     again = http.post("/v1/audio/voices", data={"name": "fresh", "transcript": "x"}, files=files)
     assert_error(again, 409, "name", "voice_exists")
-
-
-def tokenizer_count(triton_server) -> int:
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(triton_server.http_url)
-    try:
-        (stats,) = client.get_inference_statistics("audio_tokenizer")["model_stats"]
-    finally:
-        client.close()
-    return int(stats["inference_stats"]["success"].get("count", 0))
 
 
 @pytest.mark.parametrize(

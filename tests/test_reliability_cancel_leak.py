@@ -38,6 +38,7 @@ from reliability_models import (
     wait_engine_idle,
 )
 from triton_stream import Stream
+from waiting import scaled
 
 from tritontts.triton.bls import stream_model
 from tritontts.triton.server import ServerConfig, TritonServer, free_ports
@@ -75,7 +76,7 @@ def small_pool_server(tmp_path_factory):
     server = TritonServer(config)
     start_with_server_threads(server)
     try:
-        server.wait_ready(timeout=180)
+        server.wait_ready(timeout=scaled(180))
         yield server
     finally:
         server.stop(grace_s=15)

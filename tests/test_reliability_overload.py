@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from reliability_models import (
+    BUSY_MAX_NEW_TOKENS,
     BUSY_QUEUE,
     SPARK_BUSY,
     SPARK_MODELS,
@@ -27,6 +28,7 @@ from reliability_models import (
     build_reliability_models,
     knob,
     loaded,
+    metric_values,
     percentiles,
     read_outcome,
     record,
@@ -35,12 +37,14 @@ from reliability_models import (
     speech_api,
 )
 from triton_stream import Stream, make_inputs
+from waiting import wait_until
 
 from tritontts.openai_api.triton_client import OVERLOAD_MESSAGES
 
 TRITON_MODELS = [build_reliability_models]
 pytestmark = pytest.mark.reliability
 CAPACITY = 1 + BUSY_QUEUE
+FORCED = {"min_new_tokens": BUSY_MAX_NEW_TOKENS, "max_new_tokens": BUSY_MAX_NEW_TOKENS}  # a long request
 API_LIMIT = 2
 
 
@@ -99,7 +103,7 @@ def test_four_times_the_capacity_completes_or_is_rejected_at_once(server, refere
 
 def test_a_request_past_its_queue_timeout_is_rejected(server, reference):
     arrays = spark_arrays(reference)
-    busy = Stream(server.grpc_url, SPARK_BUSY, arrays, ["waveform"])  # holds the only instance
+    busy = Stream(server.grpc_url, SPARK_BUSY, arrays, ["waveform"], parameters=FORCED)  # the only instance
     assert busy.read(limit=1, timeout=120).error is None
     late = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -134,17 +138,54 @@ def test_the_api_answers_overload_with_429_or_503_and_retry_after(api):
             assert np.frombuffer(reply.content, "<i2").size > 0
 
 
+def pending_requests(server, model: str) -> float:
+    """Requests of `model` waiting in Triton's queue (nv_inference_pending_request_count: not the running one)."""
+    values = metric_values(server.server, "nv_inference_pending_request_count")
+    return sum(v for labels, v in values.items() if f'model="{model}"' in labels)
+
+
+def ended(stream: Stream) -> bool:
+    """Whether the stream's final response (or an error) has come, among the responses not read yet."""
+    with stream.events.mutex:  # the stream's callback thread adds to it
+        unread = list(stream.events.queue)
+    return any(
+        error is not None or result.get_response().parameters["triton_final_response"].bool_param
+        for result, error, _ in unread
+    )
+
+
 def test_a_full_triton_queue_is_a_503_with_retry_after(server, reference, api):
+    """The overload is made, not raced for: the one instance of rel_spark_tts_busy runs a stream forced to
+    BUSY_MAX_NEW_TOKENS tokens (several chunks), seen running by its first chunk; then BUSY_QUEUE more requests are
+    sent and seen waiting in Triton's queue (its pending count). Only then does the API's request go: while that
+    stream runs, the queue is full, on a machine of any speed. Were the API's request to come after the stream's
+    end (it has hundreds of tokens left to make, the API's request none), the failure says when its chunks came."""
     body = {"model": "busy", "input": "身临其境，换新体验。", "voice": "zh", "response_format": "pcm"}
-    holders = [
-        Stream(server.grpc_url, SPARK_BUSY, spark_arrays(reference), ["waveform"]) for _ in range(CAPACITY)
-    ]
-    assert holders[0].read(limit=1, timeout=120).error is None  # one runs, the others wait in the queue
+    arrays = spark_arrays(reference)
+    idle = f"no request waiting in the queue of {SPARK_BUSY}"
+    wait_until(lambda: pending_requests(server, SPARK_BUSY), lambda n: n == 0, idle)  # an earlier test's
+    running = Stream(server.grpc_url, SPARK_BUSY, arrays, ["waveform"], parameters=FORCED)
+    assert running.read(limit=1, timeout=120).error is None  # it holds the only instance
+    assert pending_requests(server, SPARK_BUSY) == 0  # the running request is not counted as pending
+    queued = [Stream(server.grpc_url, SPARK_BUSY, arrays, ["waveform"]) for _ in range(BUSY_QUEUE)]
+    waiting = wait_until(
+        lambda: pending_requests(server, SPARK_BUSY),
+        lambda n: n >= BUSY_QUEUE,
+        f"{BUSY_QUEUE} requests waiting in the queue of {SPARK_BUSY}",
+    )
+    assert waiting == BUSY_QUEUE, waiting
+    assert not ended(running), "the forced stream ended before the API's request: raise BUSY_MAX_NEW_TOKENS"
     reply = httpx.post(f"{api}/v1/audio/speech", json=body, timeout=300)
-    assert reply.status_code == 503, reply.text
+    replied = time.monotonic()
+    held = read_outcome(running, 120)
+    assert reply.status_code == 503, (
+        f"{reply.status_code} {reply.text[:300]}; the running stream ({held}) sent its chunks "
+        f"{[round(t - replied, 2) for t in running.result.times]} s after the API's answer"
+    )
     assert reply.headers["retry-after"] == "3"
     assert (
         reply.json()["error"]["code"] == "server_overloaded" and "queue" in reply.json()["error"]["message"]
     )
-    assert [read_outcome(h, 120)[0] for h in holders] == ["ok"] * CAPACITY
+    assert held[0] == "ok", held
+    assert [read_outcome(q, 120)[0] for q in queued] == ["ok"] * BUSY_QUEUE
     assert httpx.post(f"{api}/v1/audio/speech", json=body, timeout=300).status_code == 200

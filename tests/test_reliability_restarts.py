@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import TRITON_MODELS_DIR
+from http_service import health_probe, start_python
 from reliability_hostile import wav_bytes
 from reliability_models import (
     REFERENCE_TEXT,
@@ -35,6 +36,7 @@ from reliability_models import (
     voices_folder,
 )
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from waiting import scaled, wait_started, wait_until
 
 from tritontts.triton.server import ServerConfig, TritonServer, free_ports
 
@@ -47,6 +49,7 @@ server = loaded(*SPARK_MODELS)
 
 
 def start_api(args: list[str], port: int, log: Path, wait_for: int = 200) -> subprocess.Popen:
+    """The API on `port` once /health answers `wait_for` (its output appended to `log`: it restarts into it)."""
     command = [
         sys.executable,
         "-m",
@@ -57,19 +60,17 @@ def start_api(args: list[str], port: int, log: Path, wait_for: int = 200) -> sub
         "--log-level",
         "warning",
     ]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == wait_for:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise AssertionError(f"the API did not answer {wait_for} on /health:\n{log.read_text()[-3000:]}")
+    process = start_python(command, log, mode="ab")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_started(
+            process, health_probe(url, wait_for), f"the API answering {wait_for} on {url}/health", log
+        )
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return process
 
 
 def test_the_api_killed_under_load_keeps_every_saved_voice(server, tmp_path, prompt_zh):
@@ -189,7 +190,7 @@ def test_tritonserver_restarted_under_load_fails_in_flight_requests_cleanly(tmp_
     config = ServerConfig(repo, *ports[:3], log_file=tmp_path / "triton.log", exit_timeout_s=5)
     triton = TritonServer(config)
     triton.start()
-    triton.wait_ready(120)
+    triton.wait_ready(scaled(120))
     grpc_url = triton.grpc_url
     args = api_args(grpc_url, tmp_path / "voices", echo="infra_echo")
     api = start_api(args, ports[3], tmp_path / "api.log")
@@ -210,11 +211,14 @@ def test_tritonserver_restarted_under_load_fails_in_flight_requests_cleanly(tmp_
         triton.stop(grace_s=15)
         down = httpx.get(health, timeout=30).status_code
         triton.start()
-        triton.wait_ready(120)
-        deadline = time.monotonic() + 60
-        while httpx.get(health, timeout=30).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        up = httpx.get(health, timeout=30).status_code
+        triton.wait_ready(scaled(120))
+        up = wait_until(
+            lambda: httpx.get(health, timeout=scaled(30)).status_code,
+            lambda code: code == 200,
+            "the API's /health to answer 200 again once Triton is back",
+            timeout=60,
+            interval=0.5,
+        )
         after_restart = len(outcomes)
         time.sleep(2)
     finally:

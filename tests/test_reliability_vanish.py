@@ -34,6 +34,7 @@ from reliability_models import (
     wait_engine_idle,
 )
 from triton_stream import Stream
+from waiting import wait_until
 
 TRITON_MODELS = [build_reliability_models]
 pytestmark = pytest.mark.reliability
@@ -105,8 +106,11 @@ def test_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(server, 
 
     idle = wait_engine_idle(server.server, LLM_STREAM)
     assert idle == {"running": 0.0, "waiting": 0.0}, idle
-    pending = metric_values(server.server, "nv_inference_pending_request_count")
-    assert {k: v for k, v in pending.items() if f'model="{SPARK_STREAM}"' in k and v} == {}, pending
+    wait_until(
+        lambda: metric_values(server.server, "nv_inference_pending_request_count"),
+        lambda pending: not {k: v for k, v in pending.items() if f'model="{SPARK_STREAM}"' in k and v},
+        f"no request of {SPARK_STREAM} pending in Triton's queue",
+    )
 
     outcome = read_outcome(Stream(server.grpc_url, SPARK_STREAM, spark_arrays(reference), ["waveform"]), 120)
     assert outcome[0] == "ok", outcome

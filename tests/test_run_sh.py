@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import soundfile
+from waiting import python_env, scaled, wait_started
 
 from tritontts.triton.server import free_ports
 
@@ -90,7 +91,6 @@ def test_help_names_stage_6_and_its_options():
 def test_stage_6_serves_the_api_with_a_seeded_voice(tmp_path, prompt_zh):
     import os
     import signal
-    import time
 
     import httpx
 
@@ -104,25 +104,32 @@ def test_stage_6_serves_the_api_with_a_seeded_voice(tmp_path, prompt_zh):
         "--reference_audio",
         str(prompt_zh),
     ]
-    process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    log = tmp_path / "stage6.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=python_env()
+        )
+    answers = []
+
+    def probe() -> tuple[bool, str]:  # any answer: the API is up (503: no tritonserver on that port)
+        try:
+            answers.append(httpx.get(f"http://127.0.0.1:{api_port}/health", timeout=scaled(10)))
+        except httpx.TransportError as err:
+            return False, f"{type(err).__name__}: {err}"
+        return True, str(answers[-1].status_code)
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.stdout.read().decode()
-            try:
-                health = httpx.get(f"http://127.0.0.1:{api_port}/health", timeout=10)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "stage 6 did not start the API"
-                time.sleep(0.3)
+        wait_started(process, probe, "stage 6 of run.sh starting the API", log, timeout=60)
+        health = answers[-1]
         assert health.status_code == 503  # no tritonserver on that port
         voices = httpx.get(f"http://127.0.0.1:{api_port}/v1/audio/voices", timeout=10).json()["data"]
         assert [v["id"] for v in voices] == ["default"]
         assert (tmp_path / "voices" / "default.txt").read_text().strip() == voices[0]["transcript"]
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:  # the whole session has exited already
+            pass
         process.wait(timeout=15)
 
 

@@ -17,8 +17,10 @@ import tritonclient.http as httpclient
 from bls_monitor import assert_monitor_runs_from_load, unused_copy
 from conftest import PROMPT_ZH_TEXT
 from spark_models import MAX_NEW_TOKENS, build_spark_models
+from triton_stats import inference_count, wait_for_counts
 from triton_stream import Stream, make_inputs
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from waiting import wait_until
 
 from tritontts.audio import load_wav
 from tritontts.streaming import crossfade_concat
@@ -97,7 +99,7 @@ def test_eight_concurrent_requests_all_succeed(server, reference):
 
 def voice_cache_counts(server) -> tuple[float, float]:
     text = (
-        urllib.request.urlopen(f"http://127.0.0.1:{server.server.config.metrics_port}/metrics")
+        urllib.request.urlopen(f"http://127.0.0.1:{server.server.config.metrics_port}/metrics", timeout=30)
         .read()
         .decode()
     )
@@ -113,12 +115,17 @@ def voice_cache_counts(server) -> tuple[float, float]:
 def test_repeated_reference_hits_the_voice_cache(server, reference):
     voice = reference[8000:40000] * 0.7
     hits, misses = voice_cache_counts(server)
+    served = inference_count(server, "spark_tts_offline")
     offline_grpc(server, arrays(voice))
-    assert voice_cache_counts(server) == (hits, misses + 1)
+    counted = wait_until(  # the tokenizer's metrics, read once they have counted the miss
+        lambda: voice_cache_counts(server), lambda c: c[1] >= misses + 1, "the tokenizer's cache miss"
+    )
+    assert counted == (hits, misses + 1)
     # the two BLS instances share one voice store, so neither asks the audio tokenizer again
     texts = [TARGET, "Another sentence, same voice.", "A third one.", "And a fourth."]
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda text: offline_grpc(server, arrays(voice, target_text=text)), texts))
+    wait_for_counts(server, {"spark_tts_offline": served + 5})  # the requests are over: no call was made
     assert voice_cache_counts(server) == (hits, misses + 1)
     store = (
         Path(tempfile.gettempdir())

@@ -24,6 +24,7 @@ from cosyvoice2_models import (
 )
 from triton_stream import make_inputs, stream_waveforms
 from tritonclient.utils import InferenceServerException
+from waiting import wait_until
 
 from tritontts.bench.server_stages import TOKEN2WAV_COUNT, scrape
 from tritontts.cosyvoice2.token2wav import StreamSchedule
@@ -131,7 +132,13 @@ def test_a_sequence_batcher_keeps_each_of_four_concurrent_streams_on_one_instanc
         assert [c.size for c in routed[i]] == [c.size for c in alone]
         np.testing.assert_allclose(np.concatenate(routed[i]), np.concatenate(alone), atol=1e-6)
     # both instances served streams (and each stream only one, or its audio would differ above)
-    assert sorted(executions_by_instance(server, ROUTED)) == [f"{ROUTED}_0_0", f"{ROUTED}_0_1"]
+    instances = [f"{ROUTED}_0_0", f"{ROUTED}_0_1"]
+    served = wait_until(
+        lambda: executions_by_instance(server, ROUTED),
+        lambda executions: set(instances) <= set(executions),
+        f"executions of both instances of {ROUTED} on /metrics",
+    )
+    assert sorted(served) == instances
 
 
 def test_the_bls_streams_through_routed_instances(server, prompt_zh):

@@ -19,7 +19,7 @@ from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
 from openai_api_process import api_process, decode
 from spark_models import build_spark_models
-from triton_stats import inference_count
+from triton_stats import assert_counts, inference_count, inference_counts
 from voice_models import LLM, build_voice_spark_models
 
 from tritontts.voice_profile import VoiceProfile
@@ -116,7 +116,13 @@ def audio_of(response, model: str) -> np.ndarray:
 
 
 def front_end_counts(server) -> dict[str, int]:
-    return {m: inference_count(server, m) for models in FRONT_ENDS.values() for m in models}
+    return inference_counts(server, (m for models in FRONT_ENDS.values() for m in models))
+
+
+def route_models(model: str) -> tuple[str, str]:
+    """The (streaming, offline) BLS of an API model: counted once a request through them is over."""
+    streaming, offline = MODELS[model].split(",")[:2]
+    return streaming, offline
 
 
 def error_of(response, status: int, param: str) -> str:
@@ -149,6 +155,7 @@ def test_an_uploaded_voice_gets_a_profile_per_family(api, voices_dir, reference_
 @pytest.mark.parametrize("model", FRONT_ENDS)
 def test_a_saved_voice_calls_no_front_end_model(api, client, server, model):
     before = front_end_counts(server)
+    served = inference_counts(server, route_models(model))
     response = client.audio.speech.create(model=model, voice="alice", input=TEXT, response_format="wav")
     samples, rate = decode(response.content, "wav", 0)
     assert rate == RATES[model] and samples.size > 0
@@ -161,7 +168,7 @@ def test_a_saved_voice_calls_no_front_end_model(api, client, server, model):
     }
     with httpx.stream("POST", f"{api}/v1/audio/speech", json=body, headers=HEADERS, timeout=300) as streamed:
         assert streamed.status_code == 200 and b"".join(streamed.iter_raw())
-    assert front_end_counts(server) == before
+    assert_counts(server, before, over={m: n + 1 for m, n in served.items()})  # one request each
 
 
 def test_a_voice_without_profile_still_sends_its_audio(api, server, voices_dir, reference_wav):
@@ -170,19 +177,20 @@ def test_a_voice_without_profile_still_sends_its_audio(api, server, voices_dir, 
     (voices_dir / "copied.txt").write_text("吃燕窝\n", encoding="utf-8")
     before = inference_count(server, "audio_tokenizer")
     audio_of(speech(api, model="spark-tts", voice="copied"), "spark-tts")
-    assert inference_count(server, "audio_tokenizer") == before + 1
+    assert_counts(server, {"audio_tokenizer": before + 1})
 
 
 def test_a_profile_of_another_checkpoint_is_made_again(api, server, voices_dir):
     path = voices_dir / "alice.spark_tts.npz"
     good = VoiceProfile.from_bytes(path.read_bytes())
     path.write_bytes(VoiceProfile("spark_tts", "0" * 24, good.arrays).to_bytes())
-    before = inference_count(server, "audio_tokenizer")
+    before, served = inference_count(server, "audio_tokenizer"), inference_count(server, "spark_tts_offline")
     audio_of(speech(api, model="spark-tts", voice="alice"), "spark-tts")
     assert VoiceProfile.from_bytes(path.read_bytes()).checkpoint == good.checkpoint
-    assert inference_count(server, "audio_tokenizer") == before + 1  # the profile, made once more
+    # the profile, made once more (the offline BLS: the stale profile refused, the new profile, the speech)
+    assert_counts(server, {"audio_tokenizer": before + 1}, over={"spark_tts_offline": served + 2})
     audio_of(speech(api, model="spark-tts", voice="alice"), "spark-tts")
-    assert inference_count(server, "audio_tokenizer") == before + 1
+    assert_counts(server, {"audio_tokenizer": before + 1}, over={"spark_tts_offline": served + 3})
 
 
 def test_profiles_outlive_a_restart_and_delete_removes_everything(
@@ -194,9 +202,9 @@ def test_profiles_outlive_a_restart_and_delete_removes_everything(
         listed = httpx.get(f"{other}/v1/audio/voices", headers=HEADERS, timeout=30).json()["data"]
         assert "alice" in [v["id"] for v in listed]
         client = openai.OpenAI(base_url=f"{other}/v1", api_key=KEY, max_retries=0, timeout=300)
-        before = front_end_counts(server)
+        before, served = front_end_counts(server), inference_count(server, "cosyvoice2_offline")
         client.audio.speech.create(model="cosyvoice2", voice="alice", input=TEXT, response_format="wav")
-        assert front_end_counts(server) == before
+        assert_counts(server, before, over={"cosyvoice2_offline": served + 1})
         with ThreadPoolExecutor(2) as pool:  # two replicas take one name at once: one wins
             codes = sorted(pool.map(lambda url: upload(url, "erin", reference_wav).status_code, [api, other]))
         assert codes == [201, 409]
@@ -264,7 +272,7 @@ def test_ref_audio_in_json_with_and_without_ref_text(api, server, reference_wav)
     before = inference_count(server, "cosyvoice2_offline")
     uri = "data:audio/wav;base64," + encoded
     audio_of(speech(api, model="cosyvoice2", ref_audio=uri), "cosyvoice2")  # no transcript: cross-lingual
-    assert inference_count(server, "cosyvoice2_offline") == before + 1
+    assert_counts(server, {"cosyvoice2_offline": before + 1})
 
 
 def test_ref_audio_as_a_multipart_upload(api, reference_wav):

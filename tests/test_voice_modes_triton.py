@@ -18,7 +18,7 @@ from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
 from spark_models import build_spark_models
-from triton_stats import inference_count
+from triton_stats import assert_counts, inference_count, inference_counts, wait_for_counts
 from triton_stream import make_inputs, stream_responses, stream_waveforms
 from tritonclient.utils import InferenceServerException
 from voice_models import LLM, build_voice_spark_models
@@ -237,6 +237,7 @@ def profile_of(server, model: str, kind: str, reference: np.ndarray) -> VoicePro
 
 
 def test_spark_profile_spares_the_audio_tokenizer(server, reference):
+    served = inference_counts(server, ("spark_tts_offline", "spark_tts"))
     profile = profile_of(server, "spark_tts_offline", "spark_tts", reference[:24000])
     assert profile.arrays["global_tokens"].shape == (32,) and profile.arrays["semantic_tokens"].size > 0
     streamed = stream_responses(
@@ -250,6 +251,7 @@ def test_spark_profile_spares_the_audio_tokenizer(server, reference):
         len(streamed) == 1
         and VoiceProfile.from_outputs("spark_tts", streamed[0]).arrays.keys() == profile.arrays.keys()
     )
+    wait_for_counts(server, {m: n + 1 for m, n in served.items()})  # the profiles' tokenizer calls counted
     tokenizer = inference_count(server, "audio_tokenizer")
     values = {"reference_text": text("吃燕窝"), "target_text": text(TARGET)} | profile.request_arrays()
     audio = infer(
@@ -260,17 +262,16 @@ def test_spark_profile_spares_the_audio_tokenizer(server, reference):
         server.grpc_url, "spark_tts", values, {"max_new_tokens": 60, "min_new_tokens": 60}
     )
     assert len(chunks) == 2
-    assert inference_count(server, "audio_tokenizer") == tokenizer
+    assert_counts(server, {"audio_tokenizer": tokenizer}, over={m: n + 2 for m, n in served.items()})
 
 
 def test_cosyvoice2_profile_spares_tokenizer_and_speaker_models(server, reference):
     wav = reference[16000:]  # audio no earlier test sent: the BLS's voice cache does not know it
-    before = (inference_count(server, TOKENIZER), inference_count(server, EMBEDDING))
+    before = inference_counts(server, (TOKENIZER, EMBEDDING))
+    served = inference_counts(server, ("cosyvoice2_offline", "cosyvoice2"))
     profile = profile_of(server, "cosyvoice2_offline", "cosyvoice2", wav)
-    assert (inference_count(server, TOKENIZER), inference_count(server, EMBEDDING)) == (
-        before[0] + 1,
-        before[1] + 1,
-    )
+    once = {m: n + 1 for m, n in before.items()}
+    assert_counts(server, once)
     tokens = profile.arrays["speech_tokens"]
     assert profile.arrays["speech_feat"].shape == (2 * tokens.size, 80) and profile.arrays[
         "spk_embedding"
@@ -285,22 +286,23 @@ def test_cosyvoice2_profile_spares_tokenizer_and_speaker_models(server, referenc
     instruct = {"target_text": text(TARGET), "instruct_text": text(INSTRUCT)} | profile.request_arrays()
     instructed = infer(server, "cosyvoice2_offline", instruct, parameters=count)["waveform"].reshape(-1)
     assert audio.size == sum(c.size for c in chunks) == instructed.size == 40 * COSY_SAMPLES_PER_TOKEN
-    assert (inference_count(server, TOKENIZER), inference_count(server, EMBEDDING)) == (
-        before[0] + 1,
-        before[1] + 1,
-    )
+    # over: the profile and two offline requests, one stream
+    over = {"cosyvoice2_offline": served["cosyvoice2_offline"] + 3, "cosyvoice2": served["cosyvoice2"] + 1}
+    assert_counts(server, once, over=over)
 
 
 def test_dit_profile_spares_the_tokenizer_and_still_needs_the_audio(server, reference):
     wav = reference[8000:40000]
+    served = inference_count(server, "cosyvoice2_dit_offline")
     profile = profile_of(server, "cosyvoice2_dit_offline", "cosyvoice2_dit", wav)
+    wait_for_counts(server, {"cosyvoice2_dit_offline": served + 1})  # the profile's tokenizer call counted
     tokenizer = inference_count(server, TOKENIZER)
     values = with_reference(wav, PROMPT_ZH_TEXT[:10], target_text=TARGET) | profile.request_arrays()
     audio = infer(
         server, "cosyvoice2_dit_offline", values, parameters={"min_new_tokens": 12, "max_new_tokens": 12}
     )
     assert audible(audio["waveform"].reshape(-1))
-    assert inference_count(server, TOKENIZER) == tokenizer
+    assert_counts(server, {TOKENIZER: tokenizer}, over={"cosyvoice2_dit_offline": served + 2})
     no_audio = {k: v for k, v in values.items() if not k.startswith("reference_wav")}
     with pytest.raises(InferenceServerException, match="reference_wav: is required with a voice profile"):
         infer(server, "cosyvoice2_dit_offline", no_audio)

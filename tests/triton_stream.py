@@ -32,7 +32,14 @@ class StreamResult:
 class Stream:
     """Sends one request on its own gRPC stream; `read()` collects until the final response."""
 
-    def __init__(self, url: str, model: str, arrays: dict[str, np.ndarray], outputs: list[str]) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        arrays: dict[str, np.ndarray],
+        outputs: list[str],
+        parameters: dict | None = None,
+    ) -> None:
         self.client = grpcclient.InferenceServerClient(url)
         self.events: queue.Queue = queue.Queue()
         self.outputs = outputs
@@ -44,6 +51,7 @@ class Stream:
             model,
             make_inputs(arrays),
             outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+            parameters=parameters,
             enable_empty_final_response=True,
         )
 

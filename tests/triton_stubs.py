@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
+from waiting import wait_until
 
-def signal_stub(server, model: str, signum: int, expect: str) -> str:
+
+def signal_stub(server, model: str, signum: int, expect: str, timeout: float = 30.0) -> str:
     """Send `signum` to one stub of `model` (the stubs run in the server's session); return what the server log
-    gained until it shows `expect`, or after 5 s."""
+    gained once it shows `expect` (an AssertionError with what it gained after `timeout` seconds, scaled)."""
     pattern = f"triton_python_backend_stub.*{model}"
     session = str(server.process.pid)
     stubs = subprocess.run(
@@ -20,9 +21,10 @@ def signal_stub(server, model: str, signum: int, expect: str) -> str:
     log = Path(server.config.log_file)
     size = log.stat().st_size
     os.kill(int(stubs[0]), signum)
-    for _ in range(50):
-        added = log.read_bytes()[size:].decode(errors="replace")
-        if expect in added:
-            break
-        time.sleep(0.1)
-    return added
+    return wait_until(
+        lambda: log.read_bytes()[size:].decode(errors="replace"),
+        lambda added: expect in added,
+        f"{expect!r} in the server log after signal {signum} to the stub of {model}",
+        timeout=timeout,
+        interval=0.1,
+    )
