@@ -1,4 +1,5 @@
-"""The scripts under scripts/ run: each one's --help, and bench_dit_flow_graphs.py's CPU dry check end to end.
+"""The scripts under scripts/ and the `python -m tritontts...` entry points run: each one's --help, and
+bench_dit_flow_graphs.py's CPU dry check end to end.
 
 Each runs as a subprocess of this interpreter (the test virtual environment's python) from a scratch folder,
 with this checkout first on PYTHONPATH, as a user would run it from the repository.
@@ -20,15 +21,30 @@ SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
 DIT_BENCH = REPO / "scripts" / "bench_dit_flow_graphs.py"
 
 
-def run_script(script: Path, *args: str, scratch: Path, timeout: float) -> subprocess.CompletedProcess:
-    """`script args` from `scratch/cwd`, its temporary files under `scratch/tmp`."""
+def entry_points() -> list[str]:
+    """Every module of the package that runs as `python -m`: a `__main__.py`, or a `__main__` guard."""
+    modules = []
+    for path in sorted((REPO / "tritontts").rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        if path.name == "__main__.py":
+            modules.append(".".join(parts[:-1]))
+        elif 'if __name__ == "__main__"' in path.read_text(encoding="utf-8"):
+            modules.append(".".join(parts))
+    return modules
+
+
+ENTRY_POINTS = entry_points()
+
+
+def run_script(script: Path | str, *args: str, scratch: Path, timeout: float) -> subprocess.CompletedProcess:
+    """`script args` (a file, or `-m module`) from `scratch/cwd`, its temporary files under `scratch/tmp`."""
     cwd, tmp = scratch / "cwd", scratch / "tmp"
     cwd.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(tmp))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return subprocess.run(
-        [sys.executable, str(script), *args],
+        [sys.executable, *(["-m", script] if isinstance(script, str) else [str(script)]), *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -41,12 +57,18 @@ def test_every_script_is_listed():
     assert DIT_BENCH in SCRIPTS and len(SCRIPTS) > 10
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
-def test_help(script: Path, tmp_path: Path):
-    done = run_script(script, "--help", scratch=tmp_path, timeout=60)
+@pytest.mark.parametrize("program", [*SCRIPTS, *ENTRY_POINTS], ids=[s.name for s in SCRIPTS] + ENTRY_POINTS)
+def test_help(program: Path | str, tmp_path: Path):
+    done = run_script(program, "--help", scratch=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.lstrip().startswith("usage:"), done.stdout[:2000]
     assert list((tmp_path / "cwd").iterdir()) == [], "--help wrote files"
+
+
+def test_the_entry_points_are_found():
+    assert {"tritontts.openai_api", "tritontts.llm.openai_server", "tritontts.triton.watchdog"} <= set(
+        ENTRY_POINTS
+    )
 
 
 def number(value) -> bool:
