@@ -260,6 +260,50 @@ def headline_rows(
     return [(f, r) for f, _, r in serving], [(f, r) for f, _, r in metrics]
 
 
+SERVING_KEYS = (
+    "model",
+    "layout",
+    "mode",
+    "concurrency",
+    "first_chunk_p50_ms",
+    "first_chunk_p99_ms",
+    "rtf",
+    "audio_s_per_s",
+    "note",
+)
+SERVING_HEADER = [
+    "model",
+    "layout",
+    "mode",
+    "concurrency",
+    "first chunk p50 ms",
+    "first chunk p99 ms",
+    "RTF",
+    "audio-s/s",
+    "note",
+]
+METRIC_KEYS = ("model", "metric", "value", "unit", "layout", "mode", "concurrency", "note")
+METRIC_HEADER = list(METRIC_KEYS)
+PROVENANCE_HEADER = ["GPU", "GPU count", "commit", "date", "command", "file"]
+
+
+def _rows(pairs: list, keys: tuple[str, ...]) -> list[list[str]]:
+    """One table row per (file, headline row): the row's own columns, then where and how it was measured."""
+    rows = []
+    for file, row in pairs:
+        meta = file.data["meta"]
+        provenance = [
+            gpu_label(meta),
+            _cell(row.get("gpu_count", meta["gpu_count"])),
+            _commit(meta, row),
+            meta["date"],
+            _command(meta),
+            f"[{file.name}]({file.name})",
+        ]
+        rows.append([_cell(row.get(key)) for key in keys] + provenance)
+    return rows
+
+
 def render(files: list[BenchFile]) -> str:
     """RESULTS.md for these files (the archived ones left out)."""
     serving, metrics = headline_rows(files)
@@ -279,85 +323,9 @@ def render(files: list[BenchFile]) -> str:
         f"## Serving ({len(serving)} rows)",
         "",
     ]
-    header = [
-        "model",
-        "layout",
-        "mode",
-        "concurrency",
-        "first chunk p50 ms",
-        "first chunk p99 ms",
-        "RTF",
-        "audio-s/s",
-        "note",
-        "GPU",
-        "GPU count",
-        "commit",
-        "date",
-        "command",
-        "file",
-    ]
-    rows = []
-    for file, row in serving:
-        meta = file.data["meta"]
-        rows.append(
-            [
-                _cell(row["model"]),
-                _cell(row["layout"]),
-                _cell(row["mode"]),
-                _cell(row["concurrency"]),
-                _cell(row["first_chunk_p50_ms"]),
-                _cell(row["first_chunk_p99_ms"]),
-                _cell(row["rtf"]),
-                _cell(row["audio_s_per_s"]),
-                _cell(row.get("note")),
-                gpu_label(meta),
-                _cell(row.get("gpu_count", meta["gpu_count"])),
-                _commit(meta, row),
-                meta["date"],
-                _command(meta),
-                f"[{file.name}]({file.name})",
-            ]
-        )
-    lines += _table(header, rows)
+    lines += _table(SERVING_HEADER + PROVENANCE_HEADER, _rows(serving, SERVING_KEYS))
     lines += ["", f"## Kernels, decode steps and other metrics ({len(metrics)} rows)", ""]
-    header = [
-        "model",
-        "metric",
-        "value",
-        "unit",
-        "layout",
-        "mode",
-        "concurrency",
-        "note",
-        "GPU",
-        "GPU count",
-        "commit",
-        "date",
-        "command",
-        "file",
-    ]
-    rows = []
-    for file, row in metrics:
-        meta = file.data["meta"]
-        rows.append(
-            [
-                _cell(row["model"]),
-                _cell(row["metric"]),
-                _cell(row["value"]),
-                _cell(row["unit"]),
-                _cell(row.get("layout")),
-                _cell(row.get("mode")),
-                _cell(row.get("concurrency")),
-                _cell(row.get("note")),
-                gpu_label(meta),
-                _cell(row.get("gpu_count", meta["gpu_count"])),
-                _commit(meta, row),
-                meta["date"],
-                _command(meta),
-                f"[{file.name}]({file.name})",
-            ]
-        )
-    lines += _table(header, rows)
+    lines += _table(METRIC_HEADER + PROVENANCE_HEADER, _rows(metrics, METRIC_KEYS))
     lines += [
         "",
         f"## Files without current figures ({len(bare)})",
