@@ -396,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = get_parser().parse_args(argv)
     try:
         levels = concurrencies(args)
+        if args.num_requests < 0:
+            raise ValueError(f"--num-requests must be 0 (each row once) or more, got {args.num_requests}")
         check_server(args)
         output_rate = triton_io.output_sample_rate(args.model_name, args.sample_rate)
         items = load_items(args)

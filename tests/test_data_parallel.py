@@ -137,3 +137,12 @@ def test_run_sh_gpus_serves_one_pipeline_per_gpu_and_spreads_the_requests(
     (level,) = summary["per_server"]
     by_server = {row["server"]: row["requests"] for row in level["servers"]}
     assert by_server.pop("all") == 6 and len(by_server) == 2 and all(n > 0 for n in by_server.values())
+
+
+def test_a_negative_request_count_is_refused_naming_the_option():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "client_grpc.py"), "--num-requests", "-1", "--server-port", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "--num-requests must be 0 (each row once) or more, got -1" in done.stderr
