@@ -260,17 +260,7 @@ def headline_rows(
     return [(f, r) for f, _, r in serving], [(f, r) for f, _, r in metrics]
 
 
-SERVING_KEYS = (
-    "model",
-    "layout",
-    "mode",
-    "concurrency",
-    "first_chunk_p50_ms",
-    "first_chunk_p99_ms",
-    "rtf",
-    "audio_s_per_s",
-    "note",
-)
+SERVING_KEYS = (*SERVING_FIELDS, "note")
 SERVING_HEADER = [
     "model",
     "layout",
@@ -282,7 +272,7 @@ SERVING_HEADER = [
     "audio-s/s",
     "note",
 ]
-METRIC_KEYS = ("model", "metric", "value", "unit", "layout", "mode", "concurrency", "note")
+METRIC_KEYS = (*METRIC_FIELDS, *METRIC_OPTIONAL, "note")
 METRIC_HEADER = list(METRIC_KEYS)
 PROVENANCE_HEADER = ["GPU", "GPU count", "commit", "date", "command", "file"]
 
