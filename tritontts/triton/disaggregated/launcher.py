@@ -88,10 +88,7 @@ def members(state: dict) -> list[Member]:
 
 
 def check_ports_free(topology: Topology) -> None:
-    ports = [] if topology.llm is None else [topology.llm.port]
-    for server in topology.servers():
-        ports += [server.http_port, server.grpc_port, server.metrics_port]
-    for port in ports:
+    for port in topology.ports():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

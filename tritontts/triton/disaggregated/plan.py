@@ -202,9 +202,7 @@ class Topology:
             raise PlanError("token2wav GPUs: give at least one")
         if self.instances_per_gpu < 1:
             raise PlanError(f"instances per GPU must be at least 1, not {self.instances_per_gpu}")
-        ports = [] if self.llm is None else [self.llm.port]
-        for server in self.servers():
-            ports += [server.http_port, server.grpc_port, server.metrics_port]
+        ports = self.ports()
         bad = [p for p in ports if not 0 < p <= MAX_PORT]
         if bad:
             raise PlanError(f"port {bad[0]} is out of range: lower the base ports")
@@ -235,6 +233,13 @@ class Topology:
                     )
                 )
         return servers
+
+    def ports(self) -> list[int]:
+        """Every port the deployment listens on: the LLM server's, then each tritonserver's http, grpc, metrics."""
+        ports = [] if self.llm is None else [self.llm.port]
+        for server in self.servers():
+            ports += [server.http_port, server.grpc_port, server.metrics_port]
+        return ports
 
     @property
     def layout(self) -> str:
