@@ -13,7 +13,9 @@ Every benchmark JSON keeps its own raw data and carries two top-level blocks bes
   ``commit`` (the row's own code, where it differs from the file's).
 
 Superseded files live in ``benchmarks/archive/``: they keep the schema, RESULTS.md leaves them out.
-No I/O outside `load_files`, `check` and `write`; no dependency beyond the standard library.
+The same check and write cover the generated blocks of README.md and docs/*.md (their views:
+`tritontts.bench.results_views`). No I/O outside `load_files`, `page_paths`, `check` and `write`; no dependency
+beyond the standard library.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,8 +344,36 @@ def render(files: list[BenchFile]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check(bench_dir: Path, results_path: Path | None = None) -> list[str]:
-    """What is wrong, one message each: schema errors of any JSON (archive included), then RESULTS.md."""
+def page_paths(root: Path) -> list[Path]:
+    """The pages that may hold generated blocks: README.md and docs/*.md under `root`, those that exist."""
+    root = Path(root)
+    return [path for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if path.is_file()]
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _page_updates(files: list[BenchFile], bench_dir: Path, pages: list[Path] | None) -> list[tuple]:
+    """(page, its name as messages show it, its PageUpdate) for every page (default: page_paths of the
+    benchmarks folder's parent)."""
+    from tritontts.bench import results_views
+
+    root = bench_dir.resolve().parent
+    updates = []
+    for page in page_paths(root) if pages is None else [Path(p) for p in pages]:
+        prefix = Path(os.path.relpath(bench_dir.resolve(), page.resolve().parent)).as_posix()
+        text = page.read_text(encoding="utf-8")
+        updates.append((page, _shown(page, root), results_views.update(text, files, prefix)))
+    return updates
+
+
+def check(bench_dir: Path, results_path: Path | None = None, pages: list[Path] | None = None) -> list[str]:
+    """What is wrong, one message each: schema errors of any JSON (archive included), then RESULTS.md, then the
+    generated blocks of the pages (README.md and docs/*.md unless `pages` names others)."""
     bench_dir = Path(bench_dir)
     results_path = Path(results_path) if results_path else bench_dir / RESULTS_NAME
     files, errors = load_files(bench_dir)
@@ -364,15 +395,32 @@ def check(bench_dir: Path, results_path: Path | None = None) -> list[str]:
         problems.append(
             f"{shown}: out of date with the benchmark JSON; run python scripts/benchmark_results.py --write"
         )
+    for _, name, update in _page_updates(files, bench_dir, pages):
+        problems += [f"{name}:{line}: {problem}" for line, problem in update.problems]
+        problems += [
+            f"{name}:{block.line}: block 'results: {block.spec}' is out of date with the benchmark JSON; "
+            "run python scripts/benchmark_results.py --write"
+            for block in update.stale
+        ]
     return problems
 
 
-def write(bench_dir: Path, results_path: Path | None = None) -> list[str]:
-    """Writes RESULTS.md; returns the schema errors instead (writing nothing) where there are any."""
+def write(bench_dir: Path, results_path: Path | None = None, pages: list[Path] | None = None) -> list[str]:
+    """Writes RESULTS.md and the pages' generated blocks; returns the problems instead (writing nothing) where a
+    JSON misses the schema or a page's marker is wrong."""
     bench_dir = Path(bench_dir)
     results_path = Path(results_path) if results_path else bench_dir / RESULTS_NAME
     files, errors = load_files(bench_dir)
     if errors:
         return [str(error) for error in errors]
+    updates = _page_updates(files, bench_dir, pages)
+    problems = [
+        f"{name}:{line}: {problem}" for _, name, update in updates for line, problem in update.problems
+    ]
+    if problems:
+        return problems
     results_path.write_text(render(files), encoding="utf-8")
+    for page, _, update in updates:
+        if update.stale:
+            page.write_text(update.text, encoding="utf-8")
     return []
