@@ -36,7 +36,13 @@ def get_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TRITONTTS_API_KEY"),
         help="require 'Authorization: Bearer KEY' (default: $TRITONTTS_API_KEY; none: no auth)",
     )
-    p.add_argument("--max-input-chars", type=int, default=4096)
+    p.add_argument(
+        "--max-input-chars",
+        type=int,
+        default=20000,
+        help="the longest input a speech request may have (400 naming `input` past it); longer than one BLS "
+        "request takes (its max_text_length), it is cut into segments synthesized one after another",
+    )
     p.add_argument("--max-request-bytes", type=int, default=1 << 20)
     p.add_argument("--max-upload-bytes", type=int, default=20 << 20)
     p.add_argument("--max-reference-seconds", type=float, default=30.0)

@@ -21,12 +21,13 @@ from tritontts.json_body import parse_json_object
 from tritontts.openai_api.encode import FORMATS, StreamEncoder, encode
 from tritontts.openai_api.errors import ApiError, bad_request, install_error_handlers, validated
 from tritontts.openai_api.limits import BodySizeLimit, ConcurrencyLimit
+from tritontts.openai_api.long_form import SpeechText, inputs, segment_samples
 from tritontts.openai_api.settings import Settings
 from tritontts.openai_api.speech import SpeechRequest, check_speech_request
-from tritontts.openai_api.triton_client import Deployment, TritonTTS
+from tritontts.openai_api.triton_client import TritonTTS
 from tritontts.openai_api.voice_request import TritonVoice, choose_voice, profile_request, triton_voice
 from tritontts.openai_api.voices import Voice, VoiceStore
-from tritontts.streaming import StreamCrossfader
+from tritontts.text import TextNormalizer
 from tritontts.voice_profile import ProfileError
 
 log = logging.getLogger("tritontts.openai_api")
@@ -48,6 +49,7 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
     voices = VoiceStore(
         settings.voices_dir, AudioLimits(max_seconds=settings.max_reference_seconds), settings.max_input_chars
     )
+    normalizer = TextNormalizer()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -189,25 +191,41 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
         body = await _speech_body(request)
         route = check_speech_request(body, settings)
         deployment = await triton.deployment(route)
-        sent = await voice_inputs(body, deployment)
+        text = SpeechText(body.input, normalizer, body.text_normalization, deployment.max_text_length)
+        segment = await text.next()  # text_segments yields at least one
+        sent = await text.voice(await voice_inputs(body, deployment))
         if body.stream_format is None:
-            try:
-                audio = await triton.synthesize(deployment, sent.arrays, sent.parameters)
-            except ApiError as err:
-                sent = await remade(body, deployment, sent, err)
-                audio = await triton.synthesize(deployment, sent.arrays, sent.parameters)
+            pieces = []
+            while segment is not None:
+                try:
+                    pieces.append(await triton.synthesize(deployment, *inputs(sent, segment)))
+                except ApiError as err:
+                    if text.served > 1:
+                        raise
+                    sent = await text.voice(await remade(body, deployment, sent, err))
+                    pieces.append(await triton.synthesize(deployment, *inputs(sent, segment)))
+                segment = await text.next()
+            audio = np.concatenate(pieces)
             content = await run_in_threadpool(encode, audio, route.sample_rate, body.response_format)
             return Response(content, media_type=FORMATS[body.response_format].media_type)
-        chunks = triton.stream(deployment, sent.arrays, sent.parameters)
+        chunks = triton.stream(deployment, *inputs(sent, segment))
         try:
             first = await anext(chunks)  # request errors arrive before any audio: they get their own status
         except StopAsyncIteration:
             first = np.zeros(0, dtype=np.float32)
         except ApiError as err:
-            sent = await remade(body, deployment, sent, err)
-            chunks = triton.stream(deployment, sent.arrays, sent.parameters)
+            sent = await text.voice(await remade(body, deployment, sent, err))
+            chunks = triton.stream(deployment, *inputs(sent, segment))
             first = await anext(chunks, np.zeros(0, dtype=np.float32))
-        audio = _encoded_stream(first, chunks, deployment, body.response_format)
+        voice = sent
+        samples = segment_samples(
+            first,
+            chunks,
+            deployment.overlap_samples,
+            text.next,
+            lambda later: triton.stream(deployment, *inputs(voice, later)),
+        )
+        audio = _encoded_stream(samples, route.sample_rate, body.response_format)
         if body.stream_format == "sse":
             return StreamingResponse(
                 _sse(audio, body.input, route.sample_rate), media_type="text/event-stream"
@@ -235,21 +253,16 @@ async def _speech_body(request: Request) -> SpeechRequest:
 
 
 async def _encoded_stream(
-    first: np.ndarray, chunks: AsyncIterator[np.ndarray], deployment: Deployment, format_name: str
+    samples: AsyncIterator[np.ndarray], sample_rate: int, format_name: str
 ) -> AsyncIterator[tuple[bytes, int]]:
-    """(encoded bytes, samples) per Triton chunk, cross-faded, then the rest at the end."""
-    crossfader = StreamCrossfader(deployment.overlap_samples)
-    encoder = StreamEncoder(format_name, deployment.route.sample_rate)
+    """(encoded bytes, samples) per piece of audio, then the encoder's end."""
+    encoder = StreamEncoder(format_name, sample_rate)
     try:
-        samples = crossfader.push(first)
-        yield encoder.push(samples), samples.size
-        async for chunk in chunks:
-            samples = crossfader.push(chunk)
-            yield encoder.push(samples), samples.size
-        samples = crossfader.finish()
-        yield encoder.push(samples) + encoder.finish(), samples.size
+        async for piece in samples:
+            yield encoder.push(piece), piece.size
+        yield encoder.finish(), 0
     finally:
-        await chunks.aclose()
+        await samples.aclose()
 
 
 async def _bytes(audio: AsyncIterator[tuple[bytes, int]]) -> AsyncIterator[bytes]:

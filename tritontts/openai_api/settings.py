@@ -30,7 +30,8 @@ class Settings:
     routes: tuple[ModelRoute, ...] = ()
     voices_dir: Path = Path("voices")
     api_key: str | None = None
-    max_input_chars: int = 4096
+    max_input_chars: int = 20000
+    """the longest `input` accepted; it is synthesized segment after segment (tritontts.text)"""
     max_request_bytes: int = 1 << 20
     max_upload_bytes: int = 20 << 20
     max_reference_seconds: float = 30.0

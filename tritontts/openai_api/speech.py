@@ -59,6 +59,9 @@ class SpeechRequest(BaseModel):
     """base64 audio (or a `data:audio/...;base64,` URI) in JSON; the file part's bytes in multipart"""
     ref_text: str | None = None
     task_type: str | None = None
+    text_normalization: bool = True
+    """upstream CosyVoice's text front end on `input` and the voice's transcript (tritontts.text); false sends
+    them as written (a long input is still cut into segments)"""
 
     @property
     def voice_name(self) -> str | None:

@@ -37,7 +37,10 @@ REQUEST_FIELDS = {
     "pitch": "voice",
     "speed": "speed",
     "voice_checkpoint": "voice",
+    "text_normalization": "text_normalization",
 }
+DEFAULT_MAX_TEXT_LENGTH = 1000
+"""a BLS whose config names no `max_text_length` (upstream's): our BLS's default"""
 CLONE_ONLY = frozenset({"clone"})
 """A BLS whose config names no `voice_modes` (upstream's, an older one): reference audio voices only."""
 
@@ -54,6 +57,9 @@ class Deployment:
     """the BLS's `voice_modes` parameter: clone, create (Spark-TTS), cross_lingual, instruct2 (CosyVoice2)"""
     profile_kind: str | None = None
     """the BLS's `voice_profile_kind` parameter; None: it takes no saved voice profiles"""
+    max_text_length: int = DEFAULT_MAX_TEXT_LENGTH
+    """the BLS's `max_text_length` parameter (the smallest of the route's models): the longest text segment the
+    API sends in one request"""
 
 
 @dataclass(frozen=True)
@@ -63,10 +69,16 @@ class _ModelInfo:
     checked_at: float
     modes: frozenset[str] = CLONE_ONLY
     profile_kind: str | None = None
+    max_text_length: int = DEFAULT_MAX_TEXT_LENGTH
 
 
 def _parameter(config: dict, key: str) -> str:
     return ((config.get("parameters") or {}).get(key) or {}).get("string_value") or ""
+
+
+def _max_text_length(config: dict) -> int:
+    value = _parameter(config, "max_text_length")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_TEXT_LENGTH
 
 
 OVERLOAD_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
@@ -155,6 +167,7 @@ class TritonTTS:
             time.monotonic(),
             modes or CLONE_ONLY,
             kind if kind in KIND_ARRAYS else None,
+            _max_text_length(config),
         )
         self._models[name] = info
         return info
@@ -171,7 +184,8 @@ class TritonTTS:
             info = infos[route.triton_models.index(streaming)]
             overlap = int(round(info.overlap_seconds * route.sample_rate))
         info = next(i for i in infos if i)
-        return Deployment(route, streaming, offline, overlap, info.modes, info.profile_kind)
+        max_text_length = min(i.max_text_length for i in infos if i)
+        return Deployment(route, streaming, offline, overlap, info.modes, info.profile_kind, max_text_length)
 
     def _request(
         self, model: str, arrays: dict[str, np.ndarray], parameters: dict | None, outputs: list | None = None

@@ -40,6 +40,8 @@ from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.cosyvoice2.wire import token2wav_arrays
 from tritontts.dit_token2wav.wire import dit_token2wav_arrays
 from tritontts.spark.service import RequestLimits, check_reference_wav, check_token_budget
+from tritontts.text.normalize import TextNormalizer
+from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.metrics import StageSeconds
 from tritontts.triton.params import RequestError, error_response, model_param, optional_input, string_input
@@ -100,6 +102,8 @@ class CosyVoiceBlsBase:
             role: model_param(config, f"{role}_model", default=name) for role, name in leaves.items()
         }
         self.voice_cache_size = model_param(config, "voice_cache_size", int, default=256)
+        self.text_normalization = model_param(config, "text_normalization", bool, default=True)
+        self.normalizer = TextNormalizer()
         self.voice_store = voice_store(
             model_param(config, "voice_cache_dir", default="auto"),
             args["model_name"],
@@ -173,6 +177,8 @@ class CosyVoiceBlsBase:
             profile_needs_wav=self.dit,
             transcript_optional=self.transcript_optional,
         )
+        if wants_normalization(parameters, self.text_normalization):
+            checked = normalized_texts(checked, self.normalizer)
         if checked.mode != "instruct2":
             return checked
         return replace(checked, instruct_text=self._instruction(checked.instruct_text))

@@ -27,6 +27,8 @@ from tritontts.spark.service import (
     check_voice_tokens,
 )
 from tritontts.streaming import ChunkSchedule
+from tritontts.text.normalize import TextNormalizer
+from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.llm_contract import SamplingParams
@@ -86,6 +88,8 @@ class TritonPythonModel:
             ),
         )
         self.limits = limits
+        self.text_normalization = model_param(config, "text_normalization", bool, default=True)
+        self.normalizer = TextNormalizer()
         self.models = {
             role: model_param(config, f"{role}_model", default=role)
             for role in ("audio_tokenizer", "tensorrt_llm", "vocoder")
@@ -136,15 +140,19 @@ class TritonPythonModel:
             voice = check_voice_tokens(
                 global_tokens, optional_row(pb_utils, request, "voice_semantic_tokens", np.int32)
             )
-        return check_request(
+        parameters = request_parameters(request)
+        checked = check_request(
             waveform_input(pb_utils, request) if has_wav else None,
             optional_string(pb_utils, request, "reference_text"),
             string_input(pb_utils, request, "target_text"),
             self.limits,
-            check_token_budget(request_parameters(request), self.max_new_tokens),
+            check_token_budget(parameters, self.max_new_tokens),
             voice,
             check_control(*(optional_string(pb_utils, request, n) for n in ("gender", "pitch", "speed"))),
         )
+        if wants_normalization(parameters, self.text_normalization):
+            checked = normalized_texts(checked, self.normalizer)
+        return checked
 
     def _profile(self, request):
         tokens = self.service.profile(check_reference_wav(waveform_input(pb_utils, request), self.limits))
