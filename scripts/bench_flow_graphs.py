@@ -11,6 +11,8 @@ call; and how far the graphed mel moves from the eager one (fp16). Then N concur
 (upstream's exponential schedule), advanced in lockstep: each round's chunk calls of all streams go through one
 `Token2Wav.run_many`, as one Triton execute takes them; eager runs the decoder per call, graphed batches it. The
 first round's time is the first chunk every stream waits for; audio seconds over wall seconds is the throughput.
+`--device cpu --preset tiny` is a dry check of everything but the capture: the decoder runs its padded calls
+eagerly, the encoder's buckets replay eagerly, HiFT runs eagerly both ways.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from tritontts.bench.offline_timing import median_ms
+from tritontts.bench.offline_timing import device_name, median_ms, synchronize
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
-from tritontts.cuda_graphs import FlowGraphConfig
+from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
 from tritontts.devices import resolve_flow_dtype
 
 PROMPT_TOKENS = 75
@@ -40,54 +42,73 @@ STREAM_TOKENS = 250
 SAMPLE_RATE = 24000
 
 
-def write_full_token2wav(folder: Path) -> Path:
+def write_token2wav(folder: Path, preset: str) -> Path:
     from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
     from tritontts.synthetic.cosyvoice2_hift import write_hift
 
-    write_cosyvoice2_yaml(folder, "full")
-    write_flow(folder, "full", seed=0)
-    write_hift(folder, "full", seed=0)
+    write_cosyvoice2_yaml(folder, preset)
+    write_flow(folder, preset, seed=0)
+    write_hift(folder, preset, seed=0)
     return folder
+
+
+class EagerReplay:
+    """A CPU stand-in for a captured CUDA graph: `replay()` runs the call again into the captured output."""
+
+    def __init__(self, run: Callable[[], torch.Tensor]) -> None:
+        self.run = run
+        self.out = run()
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())
+
+
+def capture_eagerly(run: Callable[[], torch.Tensor], device: torch.device, pool: tuple):
+    graph = EagerReplay(run)
+    return graph, graph.out
 
 
 class StageClock:
     """Wraps callables to add their synchronized wall time to a named total."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.ms: dict[str, float] = defaultdict(float)
 
     def wrap(self, name: str, call: Callable) -> Callable:
         def timed(*args, **kwargs):
-            torch.cuda.synchronize()
+            synchronize(self.device)
             start = time.perf_counter()
             out = call(*args, **kwargs)
-            torch.cuda.synchronize()
+            synchronize(self.device)
             self.ms[name] += 1000 * (time.perf_counter() - start)
             return out
 
         return timed
 
 
-def decoder_inputs(batch: int, frames: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    mu = torch.randn(batch, 80, frames, device="cuda", generator=gen, dtype=dtype)
+def decoder_inputs(
+    batch: int, frames: int, dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    mu = torch.randn(batch, 80, frames, device=device, generator=gen, dtype=dtype)
     cond = torch.zeros_like(mu)
-    cond[:, :, : frames // 2] = torch.randn(batch, 80, frames // 2, device="cuda", generator=gen, dtype=dtype)
-    spks = torch.randn(batch, 80, device="cuda", generator=gen, dtype=dtype)
-    return mu, torch.ones(batch, 1, frames, device="cuda", dtype=dtype), spks, cond
+    cond[:, :, : frames // 2] = torch.randn(batch, 80, frames // 2, device=device, generator=gen, dtype=dtype)
+    spks = torch.randn(batch, 80, device=device, generator=gen, dtype=dtype)
+    return mu, torch.ones(batch, 1, frames, device=device, dtype=dtype), spks, cond
 
 
-def encoder_rows(flow, reps: int) -> list[dict]:
+def encoder_rows(flow, reps: int, device: torch.device) -> list[dict]:
     """The flow encoder of a first chunk (prompt + 15 tokens + 3 look-ahead) eager against its bucket's graph."""
-    return [encoder_row(flow, prompt + FIRST_CHUNK_TOKENS, reps) for prompt in (75, 249)]
+    return [encoder_row(flow, prompt + FIRST_CHUNK_TOKENS, reps, device) for prompt in (75, 249)]
 
 
 @torch.inference_mode()
-def encoder_row(flow, tokens: int, reps: int) -> dict:
-    gen = torch.Generator(device="cuda").manual_seed(tokens)
-    x = flow.input_embedding(torch.randint(0, 6561, (1, tokens), device="cuda", generator=gen))
+def encoder_row(flow, tokens: int, reps: int, device: torch.device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(tokens)
+    x = flow.input_embedding(torch.randint(0, 6561, (1, tokens), device=device, generator=gen))
     out_tokens = tokens - flow.pre_lookahead_len
-    length = torch.tensor([tokens], device="cuda")
+    length = torch.tensor([tokens], device=device)
 
     def eager_call() -> torch.Tensor:
         return flow.encode(x[:, :out_tokens], length, x[:, out_tokens:], True)
@@ -96,7 +117,7 @@ def encoder_row(flow, tokens: int, reps: int) -> dict:
         return flow.encoder_graphs(x, out_tokens, True)
 
     diff = (graph_call() - eager_call()).abs().max()
-    eager, graph = median_ms(eager_call, reps), median_ms(graph_call, reps)
+    eager, graph = median_ms(eager_call, reps, device), median_ms(graph_call, reps, device)
     row = {
         "rows": tokens,
         "eager_ms": round(eager, 2),
@@ -109,15 +130,16 @@ def encoder_row(flow, tokens: int, reps: int) -> dict:
 
 def run_streams(t2w: Token2Wav, streams: int, prompt_tokens, prompt_feat, embedding) -> dict:
     """`streams` streams of STREAM_TOKENS tokens in lockstep, each round's calls in one run_many."""
-    gen = torch.Generator(device="cuda").manual_seed(streams)
+    device = prompt_tokens.device
+    gen = torch.Generator(device=device).manual_seed(streams)
     targets = [
-        torch.randint(0, 6561, (1, STREAM_TOKENS), device="cuda", generator=gen, dtype=torch.int32)
+        torch.randint(0, 6561, (1, STREAM_TOKENS), device=device, generator=gen, dtype=torch.int32)
         for _ in range(streams)
     ]
     plan = StreamSchedule(exponential=True).plan(STREAM_TOKENS)
     round_ms = []
     samples = 0
-    torch.cuda.synchronize()
+    synchronize(device)
     start = time.perf_counter()
     for chunk in plan:
         round_start = time.perf_counter()
@@ -134,7 +156,7 @@ def run_streams(t2w: Token2Wav, streams: int, prompt_tokens, prompt_feat, embedd
             for i, t in enumerate(targets)
         ]
         results = t2w.run_many(calls)
-        torch.cuda.synchronize()
+        synchronize(device)
         round_ms.append(1000 * (time.perf_counter() - round_start))
         samples += sum(r.shape[-1] for r in results)
     wall = time.perf_counter() - start
@@ -169,7 +191,7 @@ def compile_rows(
             warmup_s = time.perf_counter() - start
             cfm.estimator = plain
             for frames in buckets:
-                inputs = decoder_inputs(1, frames, dtype)
+                inputs = decoder_inputs(1, frames, dtype, torch.device("cuda"))
                 base_mel = base(*inputs, steps, True).clone()
                 base_ms = median_ms(lambda g=base, x=inputs: g(*x, steps, True), reps)
                 mel = compiled(*inputs, steps, True)
@@ -188,10 +210,26 @@ def compile_rows(
     return rows
 
 
+def use_graphs_on(t2w: Token2Wav, config: FlowGraphConfig) -> CaptureReport:
+    """Capture the flow's and HiFT's graphs on CUDA; elsewhere the decoder runs its padded calls eagerly, the
+    encoder's buckets replay eagerly and HiFT has none."""
+    flow = t2w.flow
+    if t2w.device.type == "cuda":
+        report = flow.use_cuda_graphs(config)
+        t2w.hift.use_cuda_graphs()
+        return report
+    flow.graphed_decoder = GraphedCFM(flow.decoder, flow.config.cfm.n_timesteps, config)
+    flow.encoder_graphs = flow.bucketed_encoder(config, capture=capture_eagerly)
+    flow.encoder_graphs.capture_on_cpu(config.streaming)
+    return CaptureReport(graphs=0, seconds=0.0, pool_mib=0.0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path)
-    parser.add_argument("--dtype", default="auto", help="flow dtype; auto: float16")
+    parser.add_argument("--preset", choices=("full", "tiny"), default="full", help="without --model-dir")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="auto", help="flow dtype; auto: float16 on CUDA, float32 on CPU")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument(
         "--prompt-tokens", type=int, default=PROMPT_TOKENS, help="reference speech tokens (25/s)"
@@ -211,16 +249,19 @@ def main() -> int:
         help="compile once with dynamic sizes for all --compile-frames",
     )
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA GPU (use --device cpu --preset tiny for a dry check)", file=sys.stderr)
         return 1
-    device = torch.device("cuda")
+    if device.type != "cuda" and (args.compile_frames or args.compile_only):
+        parser.error("--compile-frames and --compile-only capture CUDA graphs: they need --device cuda")
     dtype = resolve_flow_dtype(args.dtype, device)
-    model_dir = args.model_dir or write_full_token2wav(Path(tempfile.mkdtemp()))
-    t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:  # the synthetic checkpoint, gone once loaded
+        model_dir = args.model_dir or write_token2wav(Path(tmp), args.preset)
+        t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
     if args.compile_only:
         result = {
-            "device": torch.cuda.get_device_name(),
+            "device": device_name(device),
             "torch": torch.__version__,
             "command": " ".join(sys.argv),
             "flow_dtype": str(dtype),
@@ -232,9 +273,8 @@ def main() -> int:
         return 0
     flow, steps = t2w.flow, t2w.flow.config.cfm.n_timesteps
     graph_config = FlowGraphConfig(batch_sizes=(1, 2, 4, 8, 16))  # the default buckets and memory limit
-    report = flow.use_cuda_graphs(graph_config)
+    report = use_graphs_on(t2w, graph_config)
     graphed = flow.graphed_decoder
-    t2w.hift.use_cuda_graphs()
     hift_graphs = (t2w.hift.f0_graphs, t2w.hift.decode_graphs)
     encoder_graphs = flow.encoder_graphs
 
@@ -244,10 +284,11 @@ def main() -> int:
         t2w.hift.f0_graphs, t2w.hift.decode_graphs = hift_graphs if decoder is not None else (None, None)
 
     result: dict = {
-        "device": torch.cuda.get_device_name(),
+        "device": device_name(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
+        "model": str(args.model_dir) if args.model_dir else f"synthetic {args.preset}, seed 0",
         "flow_dtype": str(dtype),
         "capture": {
             "graphs": report.graphs,
@@ -261,12 +302,12 @@ def main() -> int:
     }
 
     for batch, frames in ((1, 186), (1, 400), (8, 186)):
-        inputs = decoder_inputs(batch, frames, dtype)
+        inputs = decoder_inputs(batch, frames, dtype, device)
         with torch.inference_mode():
             eager_mel = flow.decoder(*inputs, steps, True)
             graph_mel = graphed(*inputs, steps, True)
-            eager = median_ms(lambda x=inputs: flow.decoder(*x, steps, True), args.reps)
-            graph = median_ms(lambda x=inputs: graphed(*x, steps, True), args.reps)
+            eager = median_ms(lambda x=inputs: flow.decoder(*x, steps, True), args.reps, device)
+            graph = median_ms(lambda x=inputs: graphed(*x, steps, True), args.reps, device)
         row = {
             "streams": batch,
             "frames": frames,
@@ -279,8 +320,8 @@ def main() -> int:
         result["decoder"].append(row)
         print(row, flush=True)
 
-    result["encoder"] = encoder_rows(flow, args.reps)
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    result["encoder"] = encoder_rows(flow, args.reps, device)
+    gen = torch.Generator(device=device).manual_seed(1)
     prompt_tokens = torch.randint(
         0, 6561, (1, args.prompt_tokens), device=device, generator=gen, dtype=torch.int32
     )
@@ -300,9 +341,9 @@ def main() -> int:
     hift_inference = t2w.hift.inference
     for path, decoder in (("eager", None), ("graphed", graphed)):
         use_graphs(decoder)
-        clock = StageClock()
-        first_ms = median_ms(first_chunk, args.reps)
-        offline_ms = median_ms(offline_call, args.reps)
+        clock = StageClock(device)
+        first_ms = median_ms(first_chunk, args.reps, device)
+        offline_ms = median_ms(offline_call, args.reps, device)
         inner = decoder or flow.decoder
         flow.graphed_decoder = clock.wrap("flow_decoder", inner)
         t2w.hift.inference = clock.wrap("hift", hift_inference)
@@ -336,7 +377,9 @@ def main() -> int:
     )
     result["graph_calls"] = dict(graphed.calls)
     result["shape_graph_calls"] = {
-        g.name: {"captured": g.captured, "replays": g.replays, "eager": g.eager_calls} for g in hift_graphs
+        g.name: {"captured": g.captured, "replays": g.replays, "eager": g.eager_calls}
+        for g in hift_graphs
+        if g is not None
     }
     result["encoder_graph_calls"] = dict(encoder_graphs.calls)
     if args.compile_frames:

@@ -10,7 +10,8 @@ the arm's environment (MPS client priority, MPS active-thread percentage: only M
 script under a running MPS daemon to test them). Meanwhile the parent times the first streamed chunk (15 + 3
 look-ahead tokens after a --prompt-tokens prompt) through `Token2Wav.stream` with the flow decoder, encoder and
 HiFT replayed from CUDA graphs (captured and replayed on a stream of --stream-priority). The child's decode
-steps per second, alone and beside token2wav, say what the LLM pays. Writes one JSON file.
+steps per second, alone and beside token2wav, say what the LLM pays. Writes one JSON file. `--device cpu --preset
+tiny` is a dry check of everything but the GPU: tiny models, fp32, no CUDA graphs, the MPS variables unread.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from tritontts.bench.offline_timing import device_name, synchronize
+
 ARM_ENVIRONMENTS = {
     "alone": None,
     "llm": {},
@@ -42,7 +45,7 @@ FIRST_CHUNK_TOKENS = 15 + 3
 LLM_VOCAB = 158_000
 
 
-def run_llm() -> int:
+def run_llm(device: torch.device, preset: str) -> int:
     """Decode at batch 1 until SIGTERM; prints `ready` after the first steps, then steps per second."""
     from tritontts.llm.config import Qwen2Config
     from tritontts.llm.engine import LLMEngine
@@ -50,9 +53,9 @@ def run_llm() -> int:
     from tritontts.llm.sequence import SamplingParams
     from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
 
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    raw = qwen2_config("full", vocab_size=LLM_VOCAB, dtype=dtype)
-    state = qwen2_state_dict("full", seed=0, vocab_size=LLM_VOCAB, dtype=dtype)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    raw = qwen2_config(preset, vocab_size=LLM_VOCAB, dtype=dtype)
+    state = qwen2_state_dict(preset, seed=0, vocab_size=LLM_VOCAB, dtype=dtype)
     model = build_model(Qwen2Config.from_dict(raw), state, device, dtype, source="synthetic")
     engine = LLMEngine.from_model(model, max_batch_size=1, max_seq_len=2560)
     params = SamplingParams(max_tokens=2000, temperature=0.8, top_k=50, top_p=0.95, seed=0)
@@ -66,7 +69,7 @@ def run_llm() -> int:
         engine.step()
         steps += 1
         if steps == 50:
-            torch.cuda.synchronize()
+            synchronize(device)
             marks.append((steps, time.perf_counter()))
             print("ready", flush=True)
     (s0, t0), (s1, t1), (s2, t2) = marks[:3]
@@ -78,11 +81,10 @@ def run_llm() -> int:
     return 0
 
 
-def start_llm(overrides: dict[str, str]) -> subprocess.Popen:
+def start_llm(overrides: dict[str, str], device: torch.device, preset: str) -> subprocess.Popen:
     env = os.environ | overrides
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--role", "llm"], env=env, stdout=subprocess.PIPE, text=True
-    )
+    command = [sys.executable, __file__, "--role", "llm", "--device", str(device), "--preset", preset]
+    child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
     line = child.stdout.readline()
     if line.strip() != "ready":
         child.kill()
@@ -100,23 +102,25 @@ def stop_llm(child: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def build_token2wav(prompt_tokens: int, priority: str):
+def build_token2wav(prompt_tokens: int, priority: str, device: torch.device, preset: str):
     from tritontts.cosyvoice2.token2wav import Token2Wav
     from tritontts.cuda_graphs import FlowGraphConfig
     from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
     from tritontts.synthetic.cosyvoice2_hift import write_hift
 
-    device = torch.device("cuda")
-    if priority == "high":  # PyTorch maps a priority past the device's range to its highest
+    cuda = device.type == "cuda"
+    if cuda and priority == "high":  # PyTorch maps a priority past the device's range to its highest
         torch.cuda.set_stream(torch.cuda.Stream(device, priority=-100))
-    folder = Path(tempfile.mkdtemp())
-    write_cosyvoice2_yaml(folder, "full")
-    write_flow(folder, "full", seed=0)
-    write_hift(folder, "full", seed=0)
-    t2w = Token2Wav.from_model_dir(folder, device=device, dtype=torch.float16, seed=0)
-    t2w.flow.use_cuda_graphs(FlowGraphConfig(batch_sizes=(1,), streaming=(True,)))
-    t2w.hift.use_cuda_graphs()
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    with tempfile.TemporaryDirectory() as folder:
+        write_cosyvoice2_yaml(folder, preset)
+        write_flow(folder, preset, seed=0)
+        write_hift(folder, preset, seed=0)
+        dtype = torch.float16 if cuda else torch.float32
+        t2w = Token2Wav.from_model_dir(folder, device=device, dtype=dtype, seed=0)
+    if cuda:
+        t2w.flow.use_cuda_graphs(FlowGraphConfig(batch_sizes=(1,), streaming=(True,)))
+        t2w.hift.use_cuda_graphs()
+    gen = torch.Generator(device=device).manual_seed(1)
     prompt = torch.randint(0, 6561, (1, prompt_tokens), device=device, generator=gen, dtype=torch.int32)
     feat = torch.randn(1, 2 * prompt_tokens, 80, device=device, generator=gen)
     embedding = torch.randn(1, 192, device=device, generator=gen)
@@ -126,7 +130,7 @@ def build_token2wav(prompt_tokens: int, priority: str):
     def first_chunk() -> None:
         t2w.stream("bench", first, prompt, feat, embedding, 0, False)
         t2w.close("bench")
-        torch.cuda.synchronize()
+        synchronize(device)
 
     return first_chunk
 
@@ -154,25 +158,31 @@ def main() -> int:
         "--arms", default="alone,llm", help=f"comma-separated of {', '.join(ARM_ENVIRONMENTS)}"
     )
     parser.add_argument("--stream-priority", choices=["high", "normal"], default="normal")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--preset", choices=("full", "tiny"), default="full", help="the synthetic models' size"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("gpu_sharing.json"))
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA GPU (use --device cpu --preset tiny for a dry check)", file=sys.stderr)
         return 1
     if args.role == "llm":
-        return run_llm()
+        return run_llm(device, args.preset)
     arms = args.arms.split(",")
     unknown = [arm for arm in arms if arm not in ARM_ENVIRONMENTS]
     if unknown:
         parser.error(f"--arms: unknown {unknown}")
-    first_chunk = build_token2wav(args.prompt_tokens, args.stream_priority)
+    first_chunk = build_token2wav(args.prompt_tokens, args.stream_priority, device, args.preset)
     result: dict = {
-        "device": torch.cuda.get_device_name(),
+        "device": device_name(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
+        "preset": args.preset,
         "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
         "stream_priority": args.stream_priority,
         "prompt_tokens": args.prompt_tokens,
@@ -180,7 +190,7 @@ def main() -> int:
     }
     for arm in arms:
         overrides = ARM_ENVIRONMENTS[arm]
-        child = None if overrides is None else start_llm(overrides)
+        child = None if overrides is None else start_llm(overrides, device, args.preset)
         row = {"llm_environment": overrides, **time_calls(first_chunk, args.reps)}
         if child is not None:
             row |= stop_llm(child)

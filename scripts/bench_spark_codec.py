@@ -6,8 +6,9 @@ seconds. A synthetic checkpoint in the official layout is written unless given.
     python scripts/bench_spark_codec.py [--model-dir CKPT] [--preset full] [--reps 10] [--out FILE.json]
 
 Rows: median ms of one call, and each variant's audio against the earlier way's (largest difference, SNR in dB).
-`batch16` is what the vocoder model runs when 16 offline requests of different lengths arrive together; `fresh`
-cases take lengths never seen before in every call, as offline requests do."""
+`batch16` is what the vocoder model runs when 16 offline requests of different lengths arrive together (--batch);
+`fresh` cases take lengths never seen before in every call, as offline requests do. `--device cpu --preset tiny`
+is a dry check of everything but the capture (the graphed variant then runs its padded passes eagerly)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tritontts.bench.offline_timing import device_name, median_ms
 from tritontts.spark.codec import SparkCodec
 
 LENGTHS = (150, 216, 320)
-BATCH16 = tuple(150 + 11 * i for i in range(16))
+BATCH = 16
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -63,19 +64,24 @@ VARIANTS = {
 }
 
 
-def detokenize_rows(model_dir: Path, reps: int) -> list[dict]:
+def release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def detokenize_rows(model_dir: Path, reps: int, device: torch.device, batch: int) -> list[dict]:
     """Fixed cases repeat their lengths; `fresh` cases draw new lengths for every call, as offline requests do."""
-    cases = {f"len{n}": (n,) for n in LENGTHS} | {"batch16": BATCH16}
+    cases = {f"len{n}": (n,) for n in LENGTHS} | {f"batch{batch}": tuple(150 + 11 * i for i in range(batch))}
     inputs = {name: token_rows(lengths, seed) for seed, (name, lengths) in enumerate(cases.items())}
-    fresh = {"fresh1": 1, "fresh16": 16}
+    fresh = {"fresh1": 1, f"fresh{batch}": batch}
     reference: dict[str, list[np.ndarray]] = {}
     rows = []
     for variant, (graphs, call) in VARIANTS.items():
-        codec = SparkCodec(model_dir, "cuda", torch.float32, with_tokenizer=False, cuda_graphs=graphs)
+        codec = SparkCodec(model_dir, device, torch.float32, with_tokenizer=False, cuda_graphs=graphs)
         for name, (g, s) in inputs.items():
             audio = call(codec, g, s)
             audio = call(codec, g, s)
-            ms = median_ms(lambda g=g, s=s, c=codec, f=call: f(c, g, s), reps)
+            ms = median_ms(lambda g=g, s=s, c=codec, f=call: f(c, g, s), reps, device)
             reference.setdefault(name, audio)
             ref, out = np.concatenate(reference[name]), np.concatenate(audio)
             rows.append(
@@ -101,24 +107,24 @@ def detokenize_rows(model_dir: Path, reps: int) -> list[dict]:
                     "call": "detokenize",
                     "variant": variant,
                     "case": name,
-                    "ms": round(median_ms(one, reps), 2),
+                    "ms": round(median_ms(one, reps, device), 2),
                 }
             )
             print(rows[-1], flush=True)
         codec = None
-        torch.cuda.empty_cache()
+        release(device)
     return rows
 
 
-def tokenize_rows(model_dir: Path, reps: int) -> list[dict]:
+def tokenize_rows(model_dir: Path, reps: int, device: torch.device) -> list[dict]:
     torch.backends.cudnn.benchmark = False
     rng = np.random.default_rng(0)
     wav = (0.1 * rng.standard_normal(16000 * 6)).astype(np.float32)
     rows, reference = [], None
     for dtype_name, dtype in DTYPES.items():
-        codec = SparkCodec(model_dir, "cuda", dtype)
+        codec = SparkCodec(model_dir, device, dtype)
         (voice,) = codec.tokenize([wav])
-        ms = median_ms(lambda c=codec: c.tokenize([wav]), reps)
+        ms = median_ms(lambda c=codec: c.tokenize([wav]), reps, device)
         reference = reference or voice
         rows.append(
             {
@@ -132,22 +138,22 @@ def tokenize_rows(model_dir: Path, reps: int) -> list[dict]:
         )
         print(rows[-1], flush=True)
         codec = None
-        torch.cuda.empty_cache()
-    return rows + bucket_rows(model_dir, reps, rng)
+        release(device)
+    return rows + bucket_rows(model_dir, reps, rng, device)
 
 
-def bucket_rows(model_dir: Path, reps: int, rng: np.random.Generator) -> list[dict]:
+def bucket_rows(model_dir: Path, reps: int, rng: np.random.Generator, device: torch.device) -> list[dict]:
     """Tokenize of a reference whose length is new in every call (6-7 s), unpadded and padded to whole
     seconds after `warm_tokenizer`, fp32; and how the two paths' tokens compare."""
     wav = (0.1 * rng.standard_normal(16000 * 7)).astype(np.float32)
     lengths = [16000 * 6 + 113 * k + 7 for k in range(2 * reps + 8)]
     rows, voices = [], {}
     for bucket in (0, 16000):
-        codec = SparkCodec(model_dir, "cuda", torch.float32, cuda_graphs=False, reference_bucket=bucket)
+        codec = SparkCodec(model_dir, device, torch.float32, cuda_graphs=False, reference_bucket=bucket)
         warmed = codec.warm_tokenizer(8.0)
         fresh = iter(lengths)
-        ms = median_ms(lambda c=codec, f=fresh: c.tokenize([wav[: next(f)]]), reps)
-        repeated = median_ms(lambda c=codec: c.tokenize([wav[: lengths[0]]]), reps)
+        ms = median_ms(lambda c=codec, f=fresh: c.tokenize([wav[: next(f)]]), reps, device)
+        repeated = median_ms(lambda c=codec: c.tokenize([wav[: lengths[0]]]), reps, device)
         voices[bucket] = codec.tokenize([wav[: lengths[-1]]])[0]
         rows.append(
             {
@@ -161,7 +167,7 @@ def bucket_rows(model_dir: Path, reps: int, rng: np.random.Generator) -> list[di
         )
         print(rows[-1], flush=True)
         codec = None
-        torch.cuda.empty_cache()
+        release(device)
     rows[-1]["semantic_tokens_equal_unpadded"] = float(
         np.mean(voices[0].semantic_tokens == voices[16000].semantic_tokens)
     )
@@ -177,12 +183,15 @@ def main() -> int:
     p.add_argument(
         "--preset", default="full", help="synthetic checkpoint preset when --model-dir is not given"
     )
+    p.add_argument("--device", default="cuda")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--batch", type=int, default=BATCH, help="requests of the batched detokenize cases")
     p.add_argument("--calls", default="detokenize,tokenize", help="which calls to time, comma-separated")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("error: this benchmark needs a CUDA device", file=sys.stderr)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device (use --device cpu --preset tiny for a dry check)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir
@@ -191,11 +200,11 @@ def main() -> int:
 
             model_dir = write_spark_checkpoint(Path(tmp) / "spark", args.preset)
         calls = args.calls.split(",")
-        rows = (detokenize_rows(model_dir, args.reps) if "detokenize" in calls else []) + (
-            tokenize_rows(model_dir, args.reps) if "tokenize" in calls else []
-        )
+        rows = (
+            detokenize_rows(model_dir, args.reps, device, args.batch) if "detokenize" in calls else []
+        ) + (tokenize_rows(model_dir, args.reps, device) if "tokenize" in calls else [])
     result = {
-        "device": device_name(torch.device("cuda")),
+        "device": device_name(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),

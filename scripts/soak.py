@@ -48,6 +48,12 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostile-api", type=int, default=300, help="malformed speech-API requests")
     p.add_argument("--overload-rounds", type=int, default=5, help="bursts of 4x capacity (scenario 3)")
     p.add_argument(
+        "--cancelled-streams",
+        type=int,
+        default=200,
+        help="Spark-TTS streams cancelled after their first chunk (the BLS stubs' memory after them)",
+    )
+    p.add_argument(
         "--next-requests",
         type=int,
         default=20,
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "TRITONTTS_SOAK_HOSTILE_PER_TARGET": str(args.hostile_per_target),
         "TRITONTTS_SOAK_HOSTILE_API": str(args.hostile_api),
         "TRITONTTS_SOAK_OVERLOAD_ROUNDS": str(args.overload_rounds),
+        "TRITONTTS_SOAK_CANCELLED_STREAMS": str(args.cancelled_streams),
         "TRITONTTS_SOAK_NEXT_REQUESTS": str(args.next_requests),
     }
     command = [sys.executable, "-m", "pytest", "-q", "-m", "reliability", "-p", "no:cacheprovider", *files]

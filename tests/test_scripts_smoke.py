@@ -1,5 +1,6 @@
 """The scripts under scripts/ and the `python -m tritontts...` entry points run: each one's --help, and
-bench_dit_flow_graphs.py's CPU dry check end to end.
+bench_dit_flow_graphs.py's CPU dry check end to end. Every script is run for real somewhere in tests/ (RUN_BY:
+the test that runs it) or says why not (NEEDS_GPU, NOT_RUN), so a new script cannot come without a run.
 
 Each runs as a subprocess of this interpreter (the test virtual environment's python) from a scratch folder,
 with this checkout first on PYTHONPATH, as a user would run it from the repository.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +37,50 @@ def entry_points() -> list[str]:
 
 ENTRY_POINTS = entry_points()
 
+# script: the test that runs it for real ("tests/FILE.py::NAME", NAME a test or the fixture that runs it)
+RUN_BY = {
+    "bench_dit_flow_graphs.py": "tests/test_scripts_smoke.py::test_bench_dit_flow_graphs_cpu_dry_check",
+    "bench_flow_graphs.py": "tests/test_bench_scripts_cpu.py::test_bench_flow_graphs_cpu_dry_check",
+    "bench_gpu_sharing.py": "tests/test_bench_scripts_cpu.py::test_bench_gpu_sharing_cpu_dry_check",
+    "bench_llm.py": "tests/test_bench_scripts_cpu.py::test_bench_llm_and_its_reference_on_cpu",
+    "bench_llm_reference.py": "tests/test_bench_scripts_cpu.py::test_bench_llm_and_its_reference_on_cpu",
+    "bench_spark_codec.py": "tests/test_bench_scripts_cpu.py::test_bench_spark_codec_cpu_dry_check",
+    "bench_token2wav.py": "tests/test_bench_token2wav.py::both_modes",
+    "bench_vocoder_graphs.py": "tests/test_bench_scripts_cpu.py::test_bench_vocoder_graphs_cpu_dry_check",
+    "bench_voice_profile.py": "tests/test_voice_modes_triton.py::test_the_profile_benchmark_runs",
+    "benchmark_results.py": "tests/test_benchmark_results.py::test_check_passes_on_the_repository",
+    "convert_checkpoint.py": "tests/test_convert_checkpoint.py::test_sharded_hf_checkpoint_and_cli",
+    # run.sh --gpus starts and stops the servers through it
+    "disaggregated.py": "tests/test_data_parallel.py::test_run_sh_gpus_serves_one_pipeline_per_gpu_and_spreads_the_requests",
+    "download_model.py": "tests/test_bench_scripts_cpu.py::spark_download",
+    "fill_template.py": "tests/test_fill_template.py::test_output_file_leaves_template_alone",
+    "make_benchmark_data.py": "tests/conftest.py::bench_data",
+    "make_synthetic_checkpoint.py": "tests/test_synthetic_llm.py::test_full_checkpoint_layout_and_script",
+    "make_wheelhouse.py": "tests/test_wheelhouse.py::test_stage_minus_one_installs_from_the_wheelhouse_with_no_index",
+    "soak.py": "tests/test_bench_scripts_cpu.py::test_soak_collects_the_scenarios_and_scales_every_knob",
+    "triton_server.py": "tests/test_triton_infra.py::test_cli_start_status_stop",
+}
+KERNEL_BENCH = "Triton kernels in CUDA graphs timed by CUDA events; {} runs them in Triton's CPU interpreter"
+NEEDS_GPU = {
+    "bench_norm_linear.py": KERNEL_BENCH.format("tests/test_norm_linear.py"),
+    "bench_skinny_linear.py": KERNEL_BENCH.format("tests/test_skinny_linear.py"),
+    "bench_topk.py": KERNEL_BENCH.format("tests/test_top_k.py"),
+}
+NOT_RUN = {
+    "build_python_stub.py": "builds Triton's python-backend stub from source (git, CMake, minutes of C++); "
+    "tests/test_stub_build.py runs its plan, checks and steps with the commands stubbed",
+}
 
-def run_script(script: Path | str, *args: str, scratch: Path, timeout: float) -> subprocess.CompletedProcess:
-    """`script args` (a file, or `-m module`) from `scratch/cwd`, its temporary files under `scratch/tmp`."""
+
+def run_script(
+    script: Path | str, *args: str, scratch: Path, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`script args` (a file, or `-m module`) from `scratch/cwd`, its temporary files under `scratch/tmp`, with
+    `env` added to this process's environment."""
     cwd, tmp = scratch / "cwd", scratch / "tmp"
     cwd.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
-    env = dict(os.environ, TMPDIR=str(tmp))
+    env = dict(os.environ, **(env or {}), TMPDIR=str(tmp))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, *(["-m", script] if isinstance(script, str) else [str(script)]), *args],
@@ -55,6 +94,24 @@ def run_script(script: Path | str, *args: str, scratch: Path, timeout: float) ->
 
 def test_every_script_is_listed():
     assert DIT_BENCH in SCRIPTS and len(SCRIPTS) > 10
+
+
+def test_every_script_is_run_or_says_why_not():
+    listed, names = [*RUN_BY, *NEEDS_GPU, *NOT_RUN], {s.name for s in SCRIPTS}
+    assert len(listed) == len(set(listed)), "a script is listed twice"
+    assert not set(listed) - names, f"listed but gone: {sorted(set(listed) - names)}"
+    unlisted = sorted(names - set(listed))
+    assert not unlisted, (
+        f"{unlisted}: add each to RUN_BY with the test that runs it (or to NEEDS_GPU saying why)"
+    )
+
+
+@pytest.mark.parametrize("script, where", sorted(RUN_BY.items()))
+def test_the_run_named_for_a_script_exists_and_names_it(script: str, where: str):
+    path, name = where.split("::")
+    text = (REPO / path).read_text(encoding="utf-8")
+    assert re.search(rf"^def {name}\(", text, re.MULTILINE), f"{where} is gone"
+    assert script in text, f"{path} does not name {script}"
 
 
 @pytest.mark.parametrize("program", [*SCRIPTS, *ENTRY_POINTS], ids=[s.name for s in SCRIPTS] + ENTRY_POINTS)

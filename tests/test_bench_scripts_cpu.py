@@ -1,0 +1,244 @@
+"""The bench scripts' CPU dry runs, and the other scripts no other test runs: tiny synthetic models, one rep,
+batch 1-2, each script a subprocess as in tests/test_scripts_smoke.py (RUN_BY there names each run), its JSON
+checked for the keys the GPU runs fill, finite positive timings, and eager against padded outputs where a
+script compares them. One OpenMP thread per run: the models are tiny and CI's 2 cores are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_scripts_smoke import REPO, number, run_script
+
+from tritontts.spark.layout import missing_files
+
+SCRIPTS = REPO / "scripts"
+ONE_THREAD = {"OMP_NUM_THREADS": os.environ.get("TRITONTTS_TEST_THREADS", "1")}
+
+
+def run_json(script: str, *args: str, scratch: Path, timeout: float = 300) -> dict:
+    """Run scripts/`script` with `args` and `--out`/`--output` (the last of args) a fresh JSON file; its content."""
+    done = run_script(SCRIPTS / script, *args, scratch=scratch, timeout=timeout, env=ONE_THREAD)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    out = Path(args[-1])
+    assert out.is_file(), f"{script} wrote no {out}"
+    return json.loads(out.read_text())
+
+
+def positive(value) -> bool:
+    return number(value) and value > 0
+
+
+def assert_positive(row: dict, *keys: str) -> None:
+    for key in keys:
+        assert positive(row[key]), (key, row)
+
+
+def test_bench_llm_and_its_reference_on_cpu(tmp_path: Path):
+    """bench_llm.py --device cpu --tiny, with bench_llm_reference.py run by its --reference (torch.compile)."""
+    sizes = ("--batch-sizes", "1,2", "--hf-batch-sizes", "1", "--prompt-len", "8", "--gen-len", "6")
+    args = ("--device", "cpu", "--tiny", *sizes, "--max-seq-len", "64", "--reference")
+    report = run_json("bench_llm.py", *args, "--output", str(tmp_path / "llm.json"), scratch=tmp_path)
+
+    assert report["dtype"] == "fp32" and report["settings"]["device"] == "cpu"
+    assert report["settings"]["graphs_captured"] is False and report["settings"]["decode_graphs"] == 0
+    assert report["settings"]["decode_attention_used"] == "torch"
+    ours = report["ours"]
+    assert_positive(ours, "prefill_ms")
+    for name in ("graph", "padded_eager", "unpadded_eager"):
+        assert positive(ours["first_token"][f"prefill_plus_first_step_ms_{name}"]), name
+    for batch in ("batch_1", "batch_2"):
+        assert_positive(ours[batch], "decode_ms_per_step_median", "decode_tokens_per_s", "end_to_end_s")
+    hf = report["transformers_generate"]["batch_1"]
+    assert_positive(hf, "prefill_ms", "end_to_end_s", "end_to_end_tokens_per_s")
+    assert number(hf["decode_ms_per_step"])  # two runs' difference: a tiny model's can fall below 0
+    reference = report["reference"]
+    assert "error" not in reference, reference.get("error")
+    assert reference["device"] == "cpu" and reference["settings"]["preset"] == "tiny"
+    for batch in ("batch_1", "batch_2"):
+        assert_positive(
+            reference[batch], "decode_ms_per_step_median", "prefill_plus_first_step_ms", "build_s"
+        )
+    checks = report["checks"]
+    assert_positive(
+        checks, "speedup_batch_1", "decode_batch_1_over_reference", "decode_batch_2_over_reference"
+    )
+
+
+def test_bench_flow_graphs_cpu_dry_check(tmp_path: Path):
+    """CosyVoice2's flow eager against the graphed decoder's padded calls and the encoder's buckets (replayed
+    eagerly on CPU), the first chunk's stages, and two streams in lockstep."""
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "1", "--streams", "2")
+    result = run_json("bench_flow_graphs.py", *args, "--out", str(tmp_path / "flow.json"), scratch=tmp_path)
+
+    assert result["model"] == "synthetic tiny, seed 0" and result["flow_dtype"] == "torch.float32"
+    assert result["capture"]["graphs"] == 0
+    assert [(r["streams"], r["frames"]) for r in result["decoder"]] == [(1, 186), (1, 400), (8, 186)]
+    for row in result["decoder"] + result["encoder"]:
+        assert_positive(row, "eager_ms", "graphed_ms")
+        assert row["max_abs_diff"] < 1e-3, row  # float32: padding moves the output by rounding only
+    assert all(positive(row["mel_abs_max"]) for row in result["decoder"])
+    assert len(result["encoder"]) == 2
+    for path in ("eager", "graphed"):
+        assert_positive(result[path], "first_chunk_ms", "offline_5s_ms")
+        stages = result[path]["first_chunk_stages_ms"]
+        assert_positive(stages, "flow_decoder", "hift", "total")
+        assert stages["total"] >= stages["flow_decoder"] + stages["hift"] - 1e-6, stages
+    assert [(r["streams"], r["path"]) for r in result["streams"]] == [(2, "eager"), (2, "graphed")]
+    for row in result["streams"]:
+        assert_positive(row, "first_round_ms", "audio_s_per_s", "wall_s")
+        assert len(row["round_ms"]) > 1 and all(positive(ms) for ms in row["round_ms"])
+    assert result["graph_calls"]["graph"] == 0 and result["graph_calls"]["padded"] > 0
+    assert result["encoder_graph_calls"]["graph"] > 0 and result["shape_graph_calls"] == {}
+    assert positive(result["first_chunk_speedup"])
+    assert not list((tmp_path / "tmp").rglob("flow.pt")), "the synthetic checkpoint was left behind"
+
+
+def test_bench_vocoder_graphs_cpu_dry_check(tmp_path: Path):
+    """Both HiFTs at every mel length; no capture on CPU, so both ways are the same eager, seeded call."""
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "1")
+    result = run_json("bench_vocoder_graphs.py", *args, "--out", str(tmp_path / "voc.json"), scratch=tmp_path)
+
+    assert result["preset"] == "tiny" and result["cuda_graphs"] is False
+    models = {row["model"] for row in result["rows"]}
+    assert models == {"cosyvoice2 HiFT", "cosyvoice3 causal HiFT (finalize false)"}
+    assert [row["mel_frames"] for row in result["rows"]] == [42, 100, 186, 400] * 2
+    for row in result["rows"]:
+        assert_positive(row, "eager_ms", "graphed_ms", "speedup", "audio_abs_max")
+        assert row["max_abs_diff"] == 0.0, row
+
+
+@pytest.fixture(scope="module")
+def spark_download(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """download_model.py's tiny synthetic Spark-TTS checkpoint (run.sh stage 0), for the codec bench too."""
+    scratch = tmp_path_factory.mktemp("download_model")
+    out = scratch / "spark"
+    args = ("--model", "spark_tts", "--model_source", "synthetic-tiny", "--output_dir", str(out))
+    done = run_script(SCRIPTS / "download_model.py", *args, scratch=scratch, timeout=300, env=ONE_THREAD)
+    return done, out
+
+
+def test_download_model_writes_a_complete_checkpoint_and_names_what_a_local_one_lacks(
+    spark_download, tmp_path
+):
+    done, out = spark_download
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"spark_tts checkpoint ready at {out}" in done.stdout
+    assert missing_files(out) == []
+    assert json.loads((out / "SYNTHETIC.json").read_text())["preset"] == "tiny"
+
+    local = tmp_path / "local"
+    local.mkdir()
+    for entry in out.iterdir():
+        if entry.name != "config.yaml":
+            (local / entry.name).symlink_to(entry)
+    args = ("--model", "spark_tts", "--model_source", str(local))
+    broken = run_script(SCRIPTS / "download_model.py", *args, scratch=tmp_path, timeout=60)
+    assert broken.returncode == 1
+    assert (
+        broken.stderr.strip()
+        == f"error: {local} is not a complete spark_tts checkpoint; missing: config.yaml"
+    )
+
+
+def test_bench_spark_codec_cpu_dry_check(spark_download, tmp_path: Path):
+    """BiCodec's detokenize three ways (padded passes eager on CPU) and tokenize in fp32, bf16 and per bucket."""
+    done, model_dir = spark_download
+    assert done.returncode == 0, done.stderr[-4000:]
+    args = ("--device", "cpu", "--model-dir", str(model_dir), "--reps", "1", "--batch", "2")
+    result = run_json("bench_spark_codec.py", *args, "--out", str(tmp_path / "codec.json"), scratch=tmp_path)
+
+    detokenize = [row for row in result["rows"] if row["call"] == "detokenize"]
+    cases = ["len150", "len216", "len320", "batch2", "fresh1", "fresh2"]
+    assert [row["case"] for row in detokenize] == cases * 3
+    for row in detokenize:
+        assert positive(row["ms"]), row
+        if "max_abs_diff" in row:  # against the earlier way's audio
+            assert row["max_abs_diff"] < 1e-4 and row["snr_db"] > 60, row
+    tokenize = [row for row in result["rows"] if row["call"] == "tokenize"]
+    assert [row.get("dtype", row.get("reference_bucket")) for row in tokenize] == ["fp32", "bf16", 0, 16000]
+    assert all(positive(row["ms"]) for row in tokenize)
+    assert tokenize[0]["global_tokens_equal"] == tokenize[0]["semantic_tokens_equal"] == 1.0
+    assert tokenize[2]["lengths_warmed_at_load"] == 0 and tokenize[3]["lengths_warmed_at_load"] > 0
+    assert 0 <= tokenize[3]["semantic_tokens_equal_unpadded"] <= 1
+
+
+def test_bench_gpu_sharing_cpu_dry_check(tmp_path: Path):
+    """The first chunk alone and beside the LLM decoding in a child process (its steps per second both ways)."""
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "3", "--arms", "alone,llm")
+    result = run_json("bench_gpu_sharing.py", *args, "--out", str(tmp_path / "share.json"), scratch=tmp_path)
+
+    assert result["preset"] == "tiny" and set(result["arms"]) == {"alone", "llm"}
+    for arm in result["arms"].values():
+        assert_positive(arm, "first_chunk_ms_min", "first_chunk_ms_median", "first_chunk_ms_p90")
+        assert arm["first_chunk_ms_min"] <= arm["first_chunk_ms_median"] <= arm["first_chunk_ms_p90"], arm
+    assert (
+        result["arms"]["alone"]["llm_environment"] is None and result["arms"]["llm"]["llm_environment"] == {}
+    )
+    llm = result["arms"]["llm"]
+    assert positive(llm["decode_steps_per_s_alone"]), llm  # over 2 s alone
+    assert number(llm["decode_steps_per_s_shared"]) and llm["decode_steps_per_s_shared"] >= 0, llm
+
+
+STAND_IN_SCENARIOS = """
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.reliability
+
+
+def record(scenario):
+    knobs = {k: v for k, v in os.environ.items() if k.startswith("TRITONTTS_SOAK_") and k != "TRITONTTS_SOAK_REPORT"}
+    with open(os.environ["TRITONTTS_SOAK_REPORT"], "a") as out:
+        out.write(json.dumps({"scenario": scenario, "knobs": knobs}) + "\\n")
+
+
+def test_passes():
+    record("passes")
+
+
+def test_fails():
+    record("fails")
+    assert False, "a failed scenario"
+
+
+def test_not_selected():
+    record("not selected")
+"""
+
+
+def knobs_the_reliability_tests_read() -> set[str]:
+    names = set()
+    for path in (REPO / "tests").glob("test_reliability_*.py"):
+        names |= set(re.findall(r'\bknob\("(\w+)"', path.read_text(encoding="utf-8")))
+    return {f"TRITONTTS_SOAK_{name.upper()}" for name in names}
+
+
+def test_soak_collects_the_scenarios_and_scales_every_knob(tmp_path: Path):
+    """soak.py over stand-in scenarios (the reliability tests themselves run in CI): what each records lands in
+    the report, a failed one too, with every knob the reliability tests read set from the options."""
+    stand_in = tmp_path / "scenarios" / "test_stand_in_scenarios.py"
+    stand_in.parent.mkdir()
+    stand_in.write_text(STAND_IN_SCENARIOS)
+    out = tmp_path / "soak.json"
+    args = ("--tests", str(stand_in), "-k", "passes or fails", "--seconds", "2", "--vanishing", "3")
+    done = run_script(SCRIPTS / "soak.py", *args, "--output", str(out), scratch=tmp_path, timeout=120)
+
+    assert done.returncode == 1, done.stderr[-4000:]  # pytest's: a scenario failed
+    report = json.loads(out.read_text())
+    assert report["pytest"]["returncode"] == 1 and "1 failed, 1 passed" in report["pytest"]["summary"]
+    assert [line.split()[1].split("::")[-1] for line in report["pytest"]["failed"]] == ["test_fails"]
+    assert [s["scenario"] for s in report["scenarios"]] == ["passes", "fails"]
+    knobs = report["scenarios"][0]["knobs"]
+    assert set(knobs) >= knobs_the_reliability_tests_read(), "soak.py sets no option for a knob"
+    assert knobs["TRITONTTS_SOAK_SECONDS"] == "2.0" and knobs["TRITONTTS_SOAK_VANISHING"] == "3"
+    assert report["settings"]["seconds"] == 2.0 and report["settings"]["k"] == "passes or fails"
+    assert report["machine"]["cores"] == os.cpu_count() and positive(report["wall_s"])
+    assert f"report: {out}" in done.stdout
