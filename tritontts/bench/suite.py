@@ -1,0 +1,523 @@
+"""The benchmark suite (run.sh stage 11): every headline figure of one GPU host, part by part.
+
+Parts, in the order they run:
+
+- `engine`: scripts/bench_llm.py, our engine's decode against bench_llm_reference.py and transformers;
+- `flow_graphs`, `dit_flow_graphs`, `vocoder_graphs` (group `token2wav_graphs`): the token2wav graph scripts
+  (CosyVoice2's flow, the DiT flow, CosyVoice2's HiFT and CosyVoice3's causal HiFT);
+- `<family>:<mode>` for each family and mode (group `serving`): `bash run.sh 0 3` serves it, `bash run.sh 4 4`
+  sweeps every concurrency through that one server, `bash run.sh stop` ends it.
+
+Each part writes its schema JSON (`tritontts/bench/results.py`) into the output folder and a done marker under
+`<exp_dir>/suite/` (`tritontts/bench/suite_state.py`); a later run skips the parts done with the same settings
+unless forced, redoes failed and interrupted ones, and a failed part does not stop the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritontts.bench import results, suite_rows
+from tritontts.bench.suite_state import PartStatus, SuiteState, render_status
+
+REPO = Path(__file__).resolve().parents[2]
+FAMILIES = ("spark_tts", "cosyvoice2", "cosyvoice2_dit", "cosyvoice3")
+MODES = ("streaming", "offline")
+SCRIPT_PARTS = ("engine", "flow_graphs", "dit_flow_graphs", "vocoder_graphs")
+SERVING_PARTS = tuple(f"{family}:{mode}" for family in FAMILIES for mode in MODES)
+ALL_PARTS = SCRIPT_PARTS + SERVING_PARTS
+GROUPS = {
+    "all": ALL_PARTS,
+    "token2wav_graphs": ("flow_graphs", "dit_flow_graphs", "vocoder_graphs"),
+    "serving": SERVING_PARTS,
+    **{family: tuple(p for p in SERVING_PARTS if p.startswith(f"{family}:")) for family in FAMILIES},
+    **{mode: tuple(p for p in SERVING_PARTS if p.endswith(f":{mode}")) for mode in MODES},
+}
+GPU_SERVE_ARGS = "--llm_compile true --llm_max_batch_size 16 --bls_instance_num 16"
+FAMILY_NAMES = {
+    "spark_tts": "Spark-TTS",
+    "cosyvoice2": "CosyVoice2",
+    "cosyvoice2_dit": "CosyVoice2-DiT",
+    "cosyvoice3": "CosyVoice3",
+}
+SCRIPT_WHAT = {
+    "engine": "Our LLM engine's decode steps and prefill against bench_llm_reference.py and transformers generate "
+    "(synthetic weights)",
+    "flow_graphs": "CosyVoice2's token2wav eager against graphed: first chunk, 5 s offline, lockstep streams "
+    "(synthetic weights)",
+    "dit_flow_graphs": "The Step-Audio-2-mini DiT flow eager against graphed (synthetic weights)",
+    "vocoder_graphs": "CosyVoice2's HiFT and CosyVoice3's causal HiFT eager against per-length graphs "
+    "(synthetic weights)",
+}
+STOP_TIMEOUT_S = 120
+
+
+def select_parts(spec: str) -> tuple[str, ...]:
+    """Comma-separated part names and groups, in the suite's order; ValueError names what is unknown."""
+    wanted: set[str] = set()
+    for token in (t.strip() for t in spec.split(",")):
+        if not token:
+            continue
+        if token in ALL_PARTS:
+            wanted.add(token)
+        elif token in GROUPS:
+            wanted.update(GROUPS[token])
+        else:
+            raise ValueError(
+                f"unknown suite part '{token}': parts are {', '.join(ALL_PARTS)}; groups are {', '.join(GROUPS)}"
+            )
+    if not wanted:
+        raise ValueError("no suite part selected")
+    return tuple(p for p in ALL_PARTS if p in wanted)
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # cuda | cpu
+    name: str
+    machine_gpus: int = 0
+
+    @property
+    def label(self) -> str:
+        return results.gpu_label({"gpu_count": int(self.kind == "cuda"), "device": self.name}).lower()
+
+
+def detect_device(wanted: str = "auto") -> Device:
+    """The first GPU that nvidia-smi lists (without touching CUDA), else the CPU; `wanted` cpu forces the CPU."""
+    names: list[str] = []
+    if wanted != "cpu":
+        try:
+            done = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if done.returncode == 0:
+                names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if names:
+        return Device("cuda", names[0], len(names))
+    if wanted == "cuda":
+        raise RuntimeError("--device cuda: nvidia-smi lists no GPU")
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return Device("cpu", f"CPU: {cpu}, {os.cpu_count()} cores")
+
+
+def detect_commit(repo: Path = REPO) -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short=7", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "0000000 (unknown: no git; pass --commit)"
+    if head.returncode != 0:
+        return "0000000 (unknown: no git checkout; pass --commit)"
+    commit = head.stdout.strip()
+    return commit + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def source_label(model_source: str) -> str:
+    if model_source.startswith("synthetic-"):
+        return f"{model_source[len('synthetic-') :]}_synthetic"
+    return "hub" if model_source in ("huggingface", "modelscope") else "local"
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    exp_dir: Path = Path("exp")
+    out_dir: Path = REPO / "benchmarks"
+    parts: tuple[str, ...] = ALL_PARTS
+    force: bool = False
+    model_source: str = "huggingface"
+    llm_backend: str = "torch"
+    device: str = "auto"  # auto | cuda | cpu
+    python: str = sys.executable
+    dataset: str = ""  # "": run.sh's default, <exp_dir>/benchmark_data
+    split_name: str = "test"
+    sweep: str = "1,4,16"
+    warmup: int = 2
+    serve_args: str = "auto"  # auto: GPU_SERVE_ARGS on a GPU host, none on the CPU
+    part_timeout_s: float = 900.0
+    ports: tuple[int, int, int] = (8000, 8001, 8002)
+    commit: str = "auto"
+    reps: int = 10
+
+    def serving_args(self, device: Device) -> list[str]:
+        spec = self.serve_args
+        if spec == "auto":
+            spec = GPU_SERVE_ARGS if device.kind == "cuda" else ""
+        return shlex.split(spec)
+
+    def settings(self, part: str, device: Device) -> dict:
+        """What a done part was run with: a part done with other settings is run again."""
+        common = {"device": device.kind, "gpu": device.name, "model_source": self.model_source}
+        if part == "engine":
+            return common | {"tiny": self.model_source == "synthetic-tiny"}
+        if part in SCRIPT_PARTS:
+            return common | {"reps": self.reps}
+        return common | {
+            "llm_backend": self.llm_backend,
+            "dataset": self.dataset,
+            "split": self.split_name,
+            "sweep": self.sweep,
+            "warmup": self.warmup,
+            "serve_args": self.serving_args(device),
+        }
+
+
+HIDDEN_OPTIONS = ("--exp_dir", "--python", "--http_port", "--grpc_port", "--metrics_port", "--log_dir")
+
+
+def shown_command(argv: list[str], python: str) -> str:
+    """argv as the benchmark JSON records it: `python` for the interpreter, without the options that place
+    files and ports (they change no figure), an output file by its name alone."""
+    shown, skip = [], False
+    for index, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg in HIDDEN_OPTIONS:
+            skip = True
+        elif index and argv[index - 1] in ("--out", "--output"):
+            shown.append(Path(arg).name)
+        else:
+            shown.append("python" if arg == python else arg)
+    return shlex.join(shown)
+
+
+class PartFailed(Exception):
+    pass
+
+
+class Runner:
+    """Runs the selected parts one after another; see the module's doc."""
+
+    def __init__(self, config: SuiteConfig, device: Device | None = None, echo: Callable = print) -> None:
+        self.config = config
+        self.device = device or detect_device(config.device)
+        self.state = SuiteState(config.exp_dir)
+        self.echo = echo
+        self.commit = detect_commit() if config.commit == "auto" else config.commit
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def command(self, argv: list[str], log: Path, deadline: float, commands: list[str]) -> None:
+        """argv from the repository root in its own process group, its output appended to `log`; the group
+        is killed at `deadline`. PartFailed when it exits non-zero or runs out of time."""
+        shown = shown_command(argv, self.config.python)
+        commands.append(shown)
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"\n$ {shlex.join(argv)}\n")
+            out.flush()
+            process = subprocess.Popen(
+                argv, cwd=REPO, env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                rc = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(process)
+                raise PartFailed(f"timed out (--part-timeout {self.config.part_timeout_s:.0f} s)") from None
+            except BaseException:
+                self.kill(process)
+                raise
+        if rc != 0:
+            raise PartFailed(f"exit {rc}: {shown}")
+
+    @staticmethod
+    def kill(process: subprocess.Popen) -> None:
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def run_sh(self, *args: str) -> list[str]:
+        c = self.config
+        http, grpc, metrics = c.ports
+        common = ["--exp_dir", str(c.exp_dir), "--python", c.python]
+        common += ["--http_port", str(http), "--grpc_port", str(grpc), "--metrics_port", str(metrics)]
+        return ["bash", "run.sh", *args, *common]
+
+    def python_script(self, script: str, *args: str) -> list[str]:
+        return [self.config.python, f"scripts/{script}", *args]
+
+    def script_part(self, part: str, folder: Path, deadline: float, commands: list[str]) -> tuple[dict, list]:
+        raw_path = folder / "raw.json"
+        raw_path.unlink(missing_ok=True)
+        cuda = self.device.kind == "cuda"
+        tiny = self.config.model_source == "synthetic-tiny"
+        reps = str(self.config.reps)
+        log = folder / "log"
+        if part == "engine":
+            args = ["--device", "cuda" if cuda else "cpu", "--reference", "--output", str(raw_path)]
+            if cuda:
+                args += ["--compile", "--batch-sizes", "1,4,16,64,128", "--hf-batch-sizes", "1"]
+                args += ["--hf-gen-len", "100"]
+            else:
+                args += ["--batch-sizes", "1,4", "--hf-batch-sizes", "1", "--hf-gen-len", "16"]
+            argv = self.python_script("bench_llm.py", *args, *(["--tiny"] if tiny else []))
+        else:  # the graph scripts: on the CPU a dry check (padded calls, no capture)
+            args = ["--reps", reps, "--out", str(raw_path)]
+            if not cuda:
+                args += ["--device", "cpu", *(["--streams", "1"] if part == "flow_graphs" else [])]
+            args += ["--preset", "tiny"] if tiny else []
+            argv = self.python_script(f"bench_{part}.py", *args)
+        self.command(argv, log, deadline, commands)
+        raw = json.loads(raw_path.read_text(encoding="utf-8"))
+        convert = {
+            "engine": suite_rows.engine_rows,
+            "flow_graphs": suite_rows.flow_graphs_rows,
+            "dit_flow_graphs": suite_rows.dit_flow_graphs_rows,
+            "vocoder_graphs": suite_rows.vocoder_graphs_rows,
+        }[part]
+        return raw, convert(raw)
+
+    def serving_part(
+        self, part: str, folder: Path, deadline: float, commands: list[str]
+    ) -> tuple[dict, list]:
+        c = self.config
+        family, mode = part.split(":")
+        model = ["--model", family]
+        bench_dir = c.exp_dir / family / f"suite_log_{mode}"
+        serve = self.config.serving_args(self.device)
+        log = folder / "log"
+        stop = self.run_sh("stop", *model)
+        self.command(stop, log, time.monotonic() + STOP_TIMEOUT_S, [])  # a server a killed run left behind
+        try:
+            source = ["--model_source", c.model_source, "--llm_backend", c.llm_backend]
+            self.command(self.run_sh("0", "3", mode, *model, *source, *serve), log, deadline, commands)
+            bench = ["--realistic_lengths", "true", "--warmup", str(c.warmup), "--sweep", c.sweep]
+            bench += ["--log_dir", str(bench_dir), "--split_name", c.split_name]
+            bench += ["--dataset", c.dataset] if c.dataset else []
+            (bench_dir / "summary.json").unlink(missing_ok=True)
+            self.command(self.run_sh("4", "4", mode, *model, *bench), log, deadline, commands)
+        finally:
+            try:
+                self.command(stop, log, time.monotonic() + STOP_TIMEOUT_S, [])
+            except PartFailed as error:
+                self.echo(f"{part}: run.sh stop failed ({error}); see {log}")
+        summary = json.loads((bench_dir / "summary.json").read_text(encoding="utf-8"))
+        for name in ("summary.json", "summary.md"):
+            (folder / name).write_bytes((bench_dir / name).read_bytes())
+        return summary, suite_rows.serving_rows(summary, family, suite_rows.serving_layout(serve, family))
+
+    def what(self, part: str) -> str:
+        if part in SCRIPT_WHAT:
+            return f"{SCRIPT_WHAT[part]}, run.sh stage 11 part {part}."
+        family, mode = part.split(":")
+        c = self.config
+        return (
+            f"{FAMILY_NAMES[family]} {mode} through one tritonserver at c={c.sweep.replace(',', ', ')} (forced "
+            f"realistic lengths, {c.warmup} warm-up rows), checkpoint {c.model_source}, run.sh stage 11 part {part}."
+        )
+
+    def result_name(self, part: str) -> str:
+        return f"suite_{part.replace(':', '_')}_{self.device.label}_{source_label(self.config.model_source)}.json"
+
+    def document(
+        self, part: str, raw: dict, headline: list[dict], commands: list[str], seconds: float
+    ) -> dict:
+        device = self.device.name
+        if self.device.machine_gpus > 1:
+            device += f" (one of the machine's {self.device.machine_gpus})"
+        meta = {
+            "device": device,
+            "gpu_count": int(self.device.kind == "cuda"),
+            "date": datetime.date.today().isoformat(),
+            "commit": self.commit,
+            "command": commands,
+            "what": self.what(part),
+        }
+        suite = {
+            "part": part,
+            "seconds": round(seconds, 1),
+            "settings": self.config.settings(part, self.device),
+        }
+        return {"meta": meta, "headline": headline, "suite": suite, "raw": raw}
+
+    def statuses(self) -> list[PartStatus]:
+        return [self.state.status(p, self.config.settings(p, self.device)) for p in self.config.parts]
+
+    def write_status(self) -> None:
+        self.state.status_file.parent.mkdir(parents=True, exist_ok=True)
+        self.state.status_file.write_text(render_status(self.state, self.statuses(), 20), encoding="utf-8")
+
+    def run_part(self, part: str) -> bool:
+        folder = self.state.start(part)
+        self.write_status()
+        start = time.monotonic()
+        deadline = start + self.config.part_timeout_s
+        commands: list[str] = []
+        self.echo(f"{part}: started ({self.device.kind}); log {folder / 'log'}")
+        try:
+            if part in SCRIPT_PARTS:
+                raw, headline = self.script_part(part, folder, deadline, commands)
+            else:
+                raw, headline = self.serving_part(part, folder, deadline, commands)
+            if not headline:
+                raise PartFailed("no headline figure in its output")
+            data = self.document(part, raw, headline, commands, time.monotonic() - start)
+            problems = results.validate(data, part)
+            if problems:
+                raise PartFailed("; ".join(str(p) for p in problems))
+            text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+            (folder / "result.json").write_text(text, encoding="utf-8")
+            self.config.out_dir.mkdir(parents=True, exist_ok=True)
+            out = self.config.out_dir / self.result_name(part)
+            out.write_text(text, encoding="utf-8")
+        except (PartFailed, OSError, ValueError, KeyError, TypeError) as error:
+            reason = str(error) if isinstance(error, PartFailed) else f"{type(error).__name__}: {error}"
+            seconds = time.monotonic() - start
+            with open(folder / "log", "a", encoding="utf-8") as log:
+                log.write(f"\nsuite: part {part} failed: {reason}\n")
+            self.state.finish(part, False, {"reason": reason, "seconds": round(seconds, 1)})
+            self.echo(f"{part}: FAILED after {seconds:.0f} s: {reason}")
+            self.write_status()
+            return False
+        seconds = time.monotonic() - start
+        info = {"settings": self.config.settings(part, self.device), "seconds": round(seconds, 1)}
+        self.state.finish(part, True, info | {"result": str(out)})
+        self.echo(f"{part}: done in {seconds:.0f} s: {out}")
+        self.write_results()
+        self.write_status()
+        return True
+
+    def write_results(self) -> None:
+        """RESULTS.md of the output folder, as `python scripts/benchmark_results.py --write` writes it."""
+        argv = [
+            sys.executable,
+            "scripts/benchmark_results.py",
+            "--write",
+            "--benchmarks",
+            str(self.config.out_dir),
+        ]
+        done = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = (done.stdout + done.stderr).strip().splitlines()
+            self.echo(f"{results.RESULTS_NAME} not regenerated: " + "; ".join(lines[:5]))
+
+    def run(self) -> int:
+        """Every selected part not done yet (all with `force`); 0 when all are done, 1 when one failed."""
+        self.echo(
+            f"suite: parts {', '.join(self.config.parts)} on {self.device.name} ({self.device.kind}), "
+            f"commit {self.commit}, into {self.config.out_dir}"
+        )
+        failed = []
+        for part in self.config.parts:
+            if not self.config.force and self.state.is_done(part, self.config.settings(part, self.device)):
+                self.echo(f"{part}: done already, skipped (--force to run it again)")
+                continue
+            if not self.run_part(part):
+                failed.append(part)
+        self.write_status()
+        self.echo(render_status(self.state, self.statuses(), 20))
+        return 1 if failed else 0
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run(config: SuiteConfig, argv: list[str]) -> int:
+    """One runner at a time per exp dir; SIGTERM ends the part in progress (its server stopped) and the run."""
+    runner = Runner(config)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        with runner.state.runner(list(config.parts), argv):
+            return runner.run()
+    except BlockingIOError:
+        info = runner.state.runner_info() or {}
+        print(
+            f"error: a suite runner (pid {info.get('pid', '?')}) is already running on {runner.state.root}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def detach(config: SuiteConfig, argv: list[str], wait_s: float = 20.0) -> int:
+    """Starts `argv` (this runner without --detach) in a new session from this working directory, its output
+    into suite.log; returns once it holds the runner lock, or with its exit status when it ended first."""
+    state = SuiteState(config.exp_dir)
+    state.root.mkdir(parents=True, exist_ok=True)
+    if state.runner_info() is not None:
+        print(f"error: a suite runner is already running on {state.root}", file=sys.stderr)
+        return 2
+    with open(state.log, "a", encoding="utf-8") as log:
+        log.write(f"\n=== {datetime.datetime.now():%F %T} detached: {shlex.join(argv)}\n")
+        log.flush()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        info = state.runner_info()
+        if info is not None and info.get("pid") == process.pid:
+            print(
+                f"suite running in the background (pid {process.pid}); log {state.log}; status {state.status_file}"
+            )
+            return 0
+        if process.poll() is not None:
+            print(
+                f"the suite ran in the background and ended already (exit {process.returncode}); log {state.log}"
+            )
+            return process.returncode
+        time.sleep(0.2)
+    print(f"suite started in the background (pid {process.pid}); log {state.log}")
+    return 0
+
+
+def status(config: SuiteConfig, wait_s: float = 0.0, tail_lines: int = 30) -> int:
+    """Prints every selected part's state, after waiting up to `wait_s` for a running suite to end.
+    0: all done; 1: one failed; 3: some not done yet (pending, running, interrupted, stale)."""
+    runner = Runner(config)
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and runner.state.runner_info() is not None:
+        time.sleep(min(5.0, max(0.1, end - time.monotonic())))
+    statuses = runner.statuses()
+    print(render_status(runner.state, statuses, tail_lines), end="")
+    if any(s.state == "failed" for s in statuses):
+        return 1
+    return 0 if all(s.state == "done" for s in statuses) else 3
