@@ -23,7 +23,7 @@ END_ID = 151645
 
 @pytest.fixture(scope="module")
 def server(triton):
-    return triton.load("tensorrt_llm", "tensorrt_llm_offline")
+    return triton.load("tensorrt_llm", "tensorrt_llm_offline", "tensorrt_llm_every3")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,17 @@ def test_concurrent_streams_of_different_lengths_one_cancelled(server, engine):
         assert len(result.outputs) >= 2, "tokens must arrive as they are generated"
         assert tokens_of(result) == expected(engine, prompt(n, s), m, s)
     assert 1 <= len(tokens_of(partial)) < 200
+
+
+def test_a_fixed_stream_interval_sends_three_tokens_per_response(server, engine):
+    """`stream_interval` 3: every response but the last carries three tokens, and together they are the
+    tokens one response per token would have carried."""
+    ids, length, seed = prompt(11, 8), 31, 8
+    result = Stream(server.grpc_url, "tensorrt_llm_every3", request(ids, length, seed), OUTPUTS).read()
+    sizes = [len(generated_tokens(out["output_ids"], out["sequence_length"])) for out in result.outputs]
+    assert result.error is None
+    assert tokens_of(result) == expected(engine, ids, length, seed)
+    assert sizes[:-1] == [3] * (len(sizes) - 1) and 1 <= sizes[-1] <= 3, sizes
 
 
 def test_a_cancelled_request_frees_its_slot_at_once(server, engine):

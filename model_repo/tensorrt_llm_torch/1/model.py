@@ -3,7 +3,7 @@
 One engine thread runs in-flight batching over every request `execute` hands it, and `execute` returns at
 once: each request is answered from the engine thread through its response sender, so requests that arrive
 while others decode join the running batch. Decoupled: tokens are sent as they are generated (`streaming`
-true) or once at the end; a cancelled request frees its slot. Not decoupled (python_backend >= 24.06 lets a
+true; past 16 running requests several steps' tokens per response, see `stream_interval`) or once at the end; a cancelled request frees its slot. Not decoupled (python_backend >= 24.06 lets a
 default-mode model answer through the sender): exactly one response per request, carrying the FINAL flag.
 """
 
@@ -21,6 +21,7 @@ from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import EngineGauges
 from tritontts.triton.params import error_response, model_param, optional_input
 from tritontts.triton.stream_sender import Outbox
+from tritontts.triton.token_coalescer import TokenCoalescer, auto_interval, parse_stream_interval
 
 
 def _response(tokens):
@@ -83,6 +84,9 @@ class TritonPythonModel:
             decode_attention=model_param(config, "decode_attention", default="auto"),
             decode_linear=model_param(config, "decode_linear", default="auto"),
         )
+        fixed = parse_stream_interval(model_param(config, "stream_interval", default="auto"))
+        running = self.engine.scheduler.running
+        self.stream_interval = (lambda: fixed) if fixed else (lambda: auto_interval(len(running)))
         self.engine.start()
         self.gauges = EngineGauges(pb_utils, args["model_name"], self.engine)
 
@@ -98,7 +102,8 @@ class TritonPythonModel:
                 parsed = self._parse(request)
                 # sent from a thread of the request's own: a sender that blocks never stalls the engine
                 outbox = Outbox(_Stream(self.engine, request, parsed), lambda event: event.finished)
-                self.engine.add_request(parsed.prompt_ids, parsed.params, outbox)
+                on_tokens = TokenCoalescer(outbox, self.stream_interval) if parsed.streaming else outbox
+                self.engine.add_request(parsed.prompt_ids, parsed.params, on_tokens)
             except Exception as err:
                 sender = request.get_response_sender()
                 sender.send(
