@@ -23,6 +23,9 @@
 #       --offline_backend (torch | hf | trtllm | openai: an OpenAI-compatible server such as trtllm-serve)
 #   10  token2wav alone (cosyvoice2, cosyvoice2_dit) over the dataset's target tokens (random ones of the right
 #       length when the rows have none): offline and streamed latency, first chunk, RTF
+#   11  benchmark suite (scripts/gpu_suite.py): the engine, token2wav graph and serving benchmarks of every family,
+#       streaming and offline, part by part into --suite_out_dir; resumable, --suite_detach true runs it in the
+#       background, --suite_status true prints which parts are done, running or failed (docs/benchmarks.md)
 #  stop ends the server that stage 3 started, and the servers of stage 7:  bash run.sh stop [--model cosyvoice2]
 set -euo pipefail
 
@@ -57,6 +60,7 @@ llm_cuda_graphs=true
 llm_compile=false                   # torch.compile one decoder layer and the sampling head (on an H100: 1.30 ms/step at batch 1, server up in ~100 s)
 llm_decode_attention=auto           # torch engine decode steps' attention: auto (the fused Triton kernel on CUDA) | triton | torch
 llm_decode_linear=auto              # torch engine decode steps' projections at batch 1-64 (Triton kernels; the MLP's down projection at batch 1 only): auto (on CUDA) | triton | torch (cuBLAS)
+llm_stream_interval=auto            # torch engine, streaming: tokens per response; auto: 1 up to 16 running requests, then 1 more per 16 more (fewer sends per step under load)
 trt_dtype=bfloat16
 trt_tp_size=1
 trt_weights_dir=""                  # default: $exp_dir/$model/tllm_checkpoint_${trt_dtype}
@@ -93,6 +97,7 @@ audio_chunk_size_scale_factor=8.0
 audio_chunk_overlap_duration=0.1
 max_new_tokens=auto                 # LLM tokens per request at most; auto: 1500 for spark_tts, 750 for cosyvoice2 (as upstream)
 max_text_length=1000
+text_normalization=false            # BLS: normalize target and reference text (wetext, inflect; docs/text.md) for clients that call Triton directly; the speech API normalizes on its own (its field text_normalization, on by default)
 max_reference_seconds=30
 
 # CosyVoice2 (--model cosyvoice2)
@@ -151,6 +156,18 @@ offline_backend=torch               # stage 9: torch | hf | trtllm | openai (the
 offline_batch_sizes=1,2,4,8,16      # stage 9: batch sizes run one after another
 token2wav_bench_mode=both           # stage 10: offline | streaming | both (streaming follows the BLS schedule: token_hop_len, pre_lookahead_len, dynamic_chunk_strategy)
 
+# Benchmark suite (stage 11; also takes model_source, llm_backend, llm_device as its device, exp_dir, python, dataset, split_name and the ports)
+suite_parts=all                     # stage 11: comma-separated parts or groups: engine, flow_graphs, dit_flow_graphs, vocoder_graphs (token2wav_graphs), <family>:<mode> (serving, a family, a mode); all
+suite_out_dir=benchmarks            # stage 11: where each part's benchmark JSON goes; RESULTS.md there is regenerated
+suite_detach=false                  # stage 11: start the suite in a new session (log and status under $exp_dir/suite/) and return at once
+suite_status=false                  # stage 11: print which parts are done, running or failed (with the failed logs' tails) instead of running them
+suite_wait=0                        # stage 11 with --suite_status true: first wait up to this many seconds for a running suite to end
+suite_force=false                   # stage 11: run the parts done already again (a rerun otherwise skips them)
+suite_sweep=1,4,16                  # stage 11: the concurrencies of every serving part (one server per family and mode)
+suite_warmup=2                      # stage 11: warm-up rows of every serving part
+suite_serve_args=auto               # stage 11: run.sh options of every served family; auto: "--llm_compile true --llm_max_batch_size 16 --bls_instance_num 16" on a GPU host, none on the CPU
+suite_part_timeout=900              # stage 11: seconds one part may run before it is stopped (its server too) and marked failed
+
 usage() {
   awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
   echo
@@ -192,6 +209,8 @@ case "$dynamic_chunk_strategy" in exponential|fixed|time_based) ;; *) echo "run.
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$llm_decode_attention" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_attention must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$llm_decode_linear" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_linear must be auto, triton or torch" >&2; exit 2 ;; esac
+case "$text_normalization" in true|false) ;; *) echo "run.sh: --text_normalization must be true or false" >&2; exit 2 ;; esac
+[[ "$llm_stream_interval" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --llm_stream_interval must be auto or a positive integer" >&2; exit 2; }
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 case "$token2wav_compile" in auto|true|false) ;; *) echo "run.sh: --token2wav_compile must be auto, true or false" >&2; exit 2 ;; esac
 flow_compile=$token2wav_compile   # auto: the model compiles where it has graphs (on CUDA)
@@ -322,7 +341,7 @@ write_cosyvoice2_models() {
   local bls_dir=""
   [ "$bls_model" = cosyvoice2_dit ] || bls_dir="model_dir:${abs_t2w_dir},"   # the DiT BLS has no cached speaker
   fill "$repo/$bls_model/config.pbtxt" \
-    "${bls_dir}llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
+    "${bls_dir}llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
 }
 
 # CosyVoice3's five models into repository $1 (audio_tokenizer and speaker_embedding are CosyVoice2's model.py,
@@ -345,7 +364,7 @@ write_cosyvoice3_models() {
     "model_dir:${abs_t2w_dir},${common},device:${model_device},instance_num:${vocoder_instance_num},max_seconds:${vocoder_max_seconds},cuda_graphs:${token2wav_cuda_graphs}"
   [ -z "$endpoint" ] || llm_model=none
   fill "$repo/cosyvoice3/config.pbtxt" \
-    "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"
+    "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"
 }
 
 # The BLS of --model and its leaf models into repository $1, the LLM at URL $2 or (empty) inside Triton.
@@ -509,7 +528,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     fill "$model_repo/vocoder/config.pbtxt" \
       "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device},cuda_graphs:${vocoder_cuda_graphs}"
     fill "$model_repo/spark_tts/config.pbtxt" \
-      "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_llm_dir},${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},max_reference_seconds:${max_reference_seconds}"
+      "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_llm_dir},${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds}"
   fi
   if [ "$llm_backend" = trtllm ]; then
     cp -r model_repo/tensorrt_llm "$model_repo/"
@@ -520,7 +539,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     mkdir -p "$model_repo/tensorrt_llm"
     cp -r model_repo/tensorrt_llm_torch/. "$model_repo/tensorrt_llm/"
     fill "$model_repo/tensorrt_llm/config.pbtxt" \
-      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear}"
+      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval}"
   fi
 fi
 
@@ -659,4 +678,24 @@ if [ "$stage" -le 10 ] && [ "$stop_stage" -ge 10 ]; then
     --split-name "$split_name" --mode "$token2wav_bench_mode" --strategy "$bench_strategy" \
     --token-hop-len "$token_hop_len" --pre-lookahead-len "$pre_lookahead_len" --device "$model_device" \
     --dtype "$token2wav_dtype" --cuda-graphs "$token2wav_cuda_graphs" --warmup "$warmup" --log-dir "$model_home/log_token2wav"
+fi
+
+if [ "$stage" -le 11 ] && [ "$stop_stage" -ge 11 ]; then
+  for flag in suite_detach suite_status suite_force; do
+    case "${!flag}" in true|false) ;; *) echo "run.sh: --$flag must be true or false" >&2; exit 2 ;; esac
+  done
+  suite=(--exp-dir "$exp_dir" --out-dir "$suite_out_dir" --parts "$suite_parts" --model-source "$model_source"
+    --llm-backend "$llm_backend" --device "$llm_device" --python "$python" --split-name "$split_name"
+    --sweep "$suite_sweep" --warmup "$suite_warmup" --serve-args "$suite_serve_args" --part-timeout "$suite_part_timeout"
+    --http-port "$http_port" --grpc-port "$grpc_port" --metrics-port "$metrics_port")
+  [ "$dataset" = "$default_dataset" ] || suite+=(--dataset "$dataset")
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # this checkout's package, installed or not (a bare PyTorch image)
+  if [ "$suite_status" = true ]; then
+    "$python" scripts/gpu_suite.py status "${suite[@]}" --wait "$suite_wait"
+  else
+    log "Stage 11: benchmark suite, parts $suite_parts, into $suite_out_dir; state and logs in $exp_dir/suite"
+    [ "$suite_force" = false ] || suite+=(--force)
+    [ "$suite_detach" = false ] || suite+=(--detach)
+    "$python" scripts/gpu_suite.py run "${suite[@]}"
+  fi
 fi

@@ -53,7 +53,7 @@ def build_cosyvoice2_dit_models(repo: Path, data: Path) -> None:
             f"llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},bls_instance_num:1,"
             f"token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
             f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
-            f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
+            f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
             f"audio_tokenizer_model:{PREFIX}audio_tokenizer,token2wav_model:{TOKEN2WAV_DIT},"
             f"tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:",
         )

@@ -85,7 +85,7 @@ def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: P
             repo,
             prefix + llm,
             f"model_dir:{llm_dir},{COMMON},decoupled_mode:{llm == 'tensorrt_llm'},llm_max_batch_size:{slots},"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto",
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto",
         )
 
 
@@ -103,7 +103,7 @@ def bls_values(
         f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},"
         f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
         f"dynamic_chunk_strategy:{strategy},max_new_tokens:{MAX_NEW_TOKENS},"
-        f"max_text_length:{MAX_TEXT_LENGTH},max_reference_seconds:{MAX_REFERENCE_SECONDS},"
+        f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
         + ",".join(f"{role}_model:{name}" for role, name in leaves.items())
         + f",tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:"
     )

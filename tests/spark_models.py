@@ -48,13 +48,18 @@ def build_spark_models(repo: Path, data: Path) -> None:
         "vocoder",
         f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto",
     )
-    for name, decoupled, slots in (("tensorrt_llm", True, LLM_SLOTS), ("tensorrt_llm_offline", False, 8)):
+    for name, decoupled, slots, interval in (
+        ("tensorrt_llm", True, LLM_SLOTS, "auto"),
+        ("tensorrt_llm_offline", False, 8, "auto"),
+        ("tensorrt_llm_every3", True, 4, "3"),
+    ):
         install(
             "tensorrt_llm_torch",
             repo,
             name,
             f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto",
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,"
+            f"llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:{interval}",
         )
     for name, decoupled, llm in (
         ("spark_tts", True, "tensorrt_llm"),
@@ -65,7 +70,7 @@ def build_spark_models(repo: Path, data: Path) -> None:
             repo,
             name,
             f"bls_instance_num:2,llm_tokenizer_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},{STREAMING},"
-            f"max_new_tokens:{MAX_NEW_TOKENS},max_text_length:300,max_reference_seconds:30",
+            f"max_new_tokens:{MAX_NEW_TOKENS},max_text_length:300,text_normalization:false,max_reference_seconds:30",
         )
         config = path / "config.pbtxt"
         config.write_text(

@@ -53,6 +53,7 @@ RUN_BY = {
     # run.sh --gpus starts and stops the servers through it
     "disaggregated.py": "tests/test_data_parallel.py::test_run_sh_gpus_serves_one_pipeline_per_gpu_and_spreads_the_requests",
     "download_model.py": "tests/test_bench_scripts_cpu.py::spark_download",
+    "gpu_suite.py": "tests/test_gpu_suite.py::first_run",
     "fill_template.py": "tests/test_fill_template.py::test_output_file_leaves_template_alone",
     "make_benchmark_data.py": "tests/conftest.py::bench_data",
     "make_synthetic_checkpoint.py": "tests/test_synthetic_llm.py::test_full_checkpoint_layout_and_script",

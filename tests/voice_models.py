@@ -38,14 +38,14 @@ def build_voice_spark_models(repo: Path, data: Path) -> None:
             repo,
             llm,
             f"model_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:4,"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto",
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto",
         )
         path = install(
             "spark_tts",
             repo,
             bls,
             f"bls_instance_num:1,llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},{STREAMING},"
-            f"max_new_tokens:{CREATE_MAX_NEW_TOKENS},max_text_length:300,max_reference_seconds:30",
+            f"max_new_tokens:{CREATE_MAX_NEW_TOKENS},max_text_length:300,text_normalization:false,max_reference_seconds:30",
         )
         config = path / "config.pbtxt"
         config.write_text(

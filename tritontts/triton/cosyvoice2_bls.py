@@ -102,7 +102,7 @@ class CosyVoiceBlsBase:
             role: model_param(config, f"{role}_model", default=name) for role, name in leaves.items()
         }
         self.voice_cache_size = model_param(config, "voice_cache_size", int, default=256)
-        self.text_normalization = model_param(config, "text_normalization", bool, default=True)
+        self.text_normalization = model_param(config, "text_normalization", bool, default=False)
         self.normalizer = TextNormalizer()
         self.voice_store = voice_store(
             model_param(config, "voice_cache_dir", default="auto"),

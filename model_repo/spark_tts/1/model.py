@@ -88,7 +88,7 @@ class TritonPythonModel:
             ),
         )
         self.limits = limits
-        self.text_normalization = model_param(config, "text_normalization", bool, default=True)
+        self.text_normalization = model_param(config, "text_normalization", bool, default=False)
         self.normalizer = TextNormalizer()
         self.models = {
             role: model_param(config, f"{role}_model", default=role)
