@@ -43,11 +43,12 @@ from tritontts.spark.service import RequestLimits, check_reference_wav, check_to
 from tritontts.text.normalize import TextNormalizer
 from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
-from tritontts.triton.metrics import StageSeconds
+from tritontts.triton.metrics import StageSeconds, release_metrics
 from tritontts.triton.params import RequestError, error_response, model_param, optional_input, string_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.sequence import call_flags
 from tritontts.triton.stream_sender import serve_stream
+from tritontts.triton.stub_objects import release_held
 from tritontts.triton.stubs import callee_monitor
 from tritontts.triton.voice_profile_io import (
     CheckpointMarker,
@@ -225,6 +226,8 @@ class CosyVoiceBlsBase:
         self.runner.close()
         if self.llm_http is not None:
             self.llm_http.close()
+        release_metrics(self.first_chunks)
+        release_held()
 
 
 class CosyVoice2Bls(CosyVoiceBlsBase):

@@ -12,6 +12,7 @@ last reference is always ours, released on a Python thread with the GIL.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import deque
@@ -39,6 +40,11 @@ class Holder:
                 expired.append(self.held.popleft())
         expired.clear()  # the last references, dropped here with the GIL
 
+    def release(self) -> None:
+        with self.lock:
+            held, self.held = self.held, deque()
+        held.clear()
+
     def __len__(self) -> int:
         return len(self.held)
 
@@ -49,3 +55,10 @@ _holder = Holder()
 def hold_until_stub_done(obj: Any) -> None:
     """Keep `obj` (a BLS request, response iterator, tensors) out of the stub's C++ threads' reach."""
     _holder.hold(obj)
+
+
+def release_held() -> None:
+    """For a BLS's `finalize`: drop every held object now and collect it, while the stub can still tell the
+    server; one destroyed in the stub's teardown, after its IPC is gone, crashes the stub at unload."""
+    _holder.release()
+    gc.collect()

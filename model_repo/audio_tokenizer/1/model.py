@@ -13,7 +13,7 @@ from tritontts.audio import AudioLimits
 from tritontts.spark.codec import SparkCodec
 from tritontts.spark.service import RequestLimits, check_reference_wav
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import VoiceCacheCounters
+from tritontts.triton.metrics import VoiceCacheCounters, release_metrics
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -74,3 +74,6 @@ class TritonPythonModel:
                 )
             )
         return responses
+
+    def finalize(self):
+        release_metrics(self.counters)

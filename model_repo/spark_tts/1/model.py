@@ -35,6 +35,7 @@ from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
+from tritontts.triton.stub_objects import release_held
 from tritontts.triton.stubs import callee_monitor
 from tritontts.triton.voice_profile_io import (
     CheckpointMarker,
@@ -183,3 +184,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.runner.close()
+        release_held()

@@ -18,7 +18,7 @@ from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import FinishReason
 from tritontts.llm.triton_io import parse_llm_request, response_arrays
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import EngineGauges
+from tritontts.triton.metrics import EngineGauges, release_metrics
 from tritontts.triton.params import error_response, model_param, optional_input
 from tritontts.triton.stream_sender import Outbox
 from tritontts.triton.token_coalescer import TokenCoalescer, auto_interval, parse_stream_interval
@@ -112,5 +112,5 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.gauges.close()
+        release_metrics(self.gauges)
         self.engine.stop()

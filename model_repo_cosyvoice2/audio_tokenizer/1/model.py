@@ -15,7 +15,7 @@ from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, SPEECH_TOKENIZER_FI
 from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
 from tritontts.spark.service import RequestLimits, check_reference_wav
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import VoiceCacheCounters
+from tritontts.triton.metrics import VoiceCacheCounters, release_metrics
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -56,3 +56,6 @@ class TritonPythonModel:
             except Exception as err:
                 responses.append(error_response(pb_utils, err))
         return responses
+
+    def finalize(self):
+        release_metrics(self.counters)

@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 from tritontts.audio import AudioLimits, check_waveform
 from tritontts.cosyvoice2.frontend import CAMPPLUS_FILE, INPUT_SAMPLE_RATE, SpeakerEmbedder
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import VoiceCacheCounters
+from tritontts.triton.metrics import VoiceCacheCounters, release_metrics
 from tritontts.triton.params import error_response, model_param, required_input
 from tritontts.voice_cache import VoiceCache, audio_key
 
@@ -49,3 +49,6 @@ class TritonPythonModel:
             except Exception as err:
                 responses.append(error_response(pb_utils, err))
         return responses
+
+    def finalize(self):
+        release_metrics(self.counters)

@@ -15,7 +15,7 @@ from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS, Token2WavInputs, parse_token2wav_inputs
 from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import token2wav_stage_seconds
+from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input, single_instance_stream, stream_instances
 
 
@@ -62,3 +62,6 @@ class TritonPythonModel:
                 [pb_utils.Tensor("waveform", audio.float().cpu().numpy().reshape(1, -1))]
             ),
         )
+
+    def finalize(self):
+        release_metrics(self.stages)

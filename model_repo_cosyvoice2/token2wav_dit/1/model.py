@@ -14,7 +14,7 @@ from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
 from tritontts.stage_timer import StageTimer
 from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import token2wav_stage_seconds
+from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import (
     RequestError,
     error_response,
@@ -71,3 +71,6 @@ class TritonPythonModel:
             except Exception as err:
                 responses.append(error_response(pb_utils, err))
         return responses
+
+    def finalize(self):
+        release_metrics(self.stages)

@@ -14,7 +14,7 @@ from tritontts.cosyvoice3.token2mel import Token2Mel
 from tritontts.cosyvoice3.wire import Token2MelCall, parse_token2mel_inputs
 from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import token2wav_stage_seconds
+from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input
 
 
@@ -47,3 +47,6 @@ class TritonPythonModel:
             lambda call: call.token_offset in (None, 0),
             lambda mel: pb_utils.InferenceResponse([pb_utils.Tensor("mel", mel.cpu().numpy()[None])]),
         )
+
+    def finalize(self):
+        release_metrics(self.stages)
