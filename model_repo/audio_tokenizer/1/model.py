@@ -30,7 +30,6 @@ class TritonPythonModel:
         self.codec.warm_tokenizer(max_seconds)
         self.cache = VoiceCache(model_param(config, "voice_cache_size", int, default=1024))
         self.counters = VoiceCacheCounters(pb_utils, config["name"])
-        self.hits, self.misses = self.counters.hits, self.counters.misses
 
     def _reference(self, request):
         return check_reference_wav(waveform_input(pb_utils, request), self.limits)
@@ -48,8 +47,8 @@ class TritonPythonModel:
                     slots.append(i)
             except Exception as err:
                 voices[i] = err
-        self.hits.increment(len(requests) - len(slots) - sum(isinstance(v, Exception) for v in voices))
-        self.misses.increment(len(slots))
+        self.counters.count(True, len(requests) - len(slots) - sum(isinstance(v, Exception) for v in voices))
+        self.counters.count(False, len(slots))
         try:
             computed = self.codec.tokenize(wavs) if wavs else []
         except Exception as err:
