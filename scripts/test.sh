@@ -43,5 +43,5 @@ fi
 [ "${1:-}" != --setup-only ] || exit 0
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
-if [ $# -eq 0 ]; then set -- -q -ra; fi
+if [ $# -eq 0 ]; then set -- -q -ra --durations=25; fi
 exec python -m pytest "$@"
