@@ -32,6 +32,17 @@ def install(template: str, repo: Path, name: str, values: str, templates: Path =
     return target
 
 
+SPARK_SERVING = (
+    "audio_tokenizer",
+    "vocoder",
+    "tensorrt_llm",
+    "tensorrt_llm_offline",
+    "spark_tts",
+    "spark_tts_offline",
+)
+"""The models of Spark-TTS serving, streaming and offline, in the session repository."""
+
+
 def build_spark_models(repo: Path, data: Path) -> None:
     from tritontts.synthetic.spark import write_spark_checkpoint
 

@@ -7,19 +7,16 @@ out-of-date RESULTS.md fails; the tables hold one row per headline row of the fi
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_files import METRIC, SERVING, run_script, write_json
 
 from tritontts.bench import results
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
-SCRIPT = REPO / "scripts" / "benchmark_results.py"
 
 META = {
     "device": "NVIDIA H100 80GB HBM3",
@@ -29,30 +26,6 @@ META = {
     "command": "bash run.sh 4 4 streaming --num_tasks 1",
     "what": "a test file",
 }
-SERVING = {
-    "model": "spark_tts",
-    "layout": "one tritonserver",
-    "mode": "streaming",
-    "concurrency": 1,
-    "first_chunk_p50_ms": 63.0,
-    "first_chunk_p99_ms": 98.5,
-    "rtf": 0.0481,
-    "audio_s_per_s": 20.81,
-}
-METRIC = {"model": "spark_tts LLM", "metric": "decode step, batch 1", "value": 0.798, "unit": "ms"}
-
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
-    )
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 @pytest.fixture

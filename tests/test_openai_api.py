@@ -17,7 +17,7 @@ import pytest
 import soundfile
 from conftest import PROMPT_ZH_TEXT
 from openai_api_process import api_process, decode
-from spark_models import MAX_NEW_TOKENS, build_spark_models
+from spark_models import MAX_NEW_TOKENS, SPARK_SERVING, build_spark_models
 from triton_stats import assert_counts, success_count
 
 from tritontts.openai_api.encode import StreamEncoder, streaming_wav_header
@@ -48,9 +48,7 @@ MODELS = [
 
 @pytest.fixture(scope="module")
 def triton_server(triton):
-    return triton.load(
-        "audio_tokenizer", "vocoder", "tensorrt_llm", "tensorrt_llm_offline", "spark_tts", "spark_tts_offline"
-    )
+    return triton.load(*SPARK_SERVING)
 
 
 @pytest.fixture(scope="module")

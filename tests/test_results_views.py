@@ -4,17 +4,15 @@ from the benchmark JSON, --check names the page, line and block that is stale or
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_files import METRIC, run_script, write_json
+from benchmark_files import SERVING as ROW
 
 from tritontts.bench import results, results_views
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "benchmark_results.py"
 
 META = {
     "device": "NVIDIA H100 80GB HBM3",
@@ -24,30 +22,6 @@ META = {
     "command": "bash run.sh 4 4 streaming",
     "what": "a test file",
 }
-ROW = {
-    "model": "spark_tts",
-    "layout": "one tritonserver",
-    "mode": "streaming",
-    "concurrency": 1,
-    "first_chunk_p50_ms": 63.0,
-    "first_chunk_p99_ms": 98.5,
-    "rtf": 0.0481,
-    "audio_s_per_s": 20.81,
-}
-METRIC = {"model": "spark_tts LLM", "metric": "decode step, batch 1", "value": 0.798, "unit": "ms"}
-
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
-    )
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def block(spec: str) -> str:

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from bls_monitor import assert_monitor_runs_from_load, unused_copy
 from conftest import PROMPT_ZH_TEXT
-from spark_models import MAX_NEW_TOKENS, build_spark_models
+from spark_models import MAX_NEW_TOKENS, SPARK_SERVING, build_spark_models
 from triton_stats import inference_count, wait_for_counts
 from triton_stream import Stream, make_inputs
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -34,9 +34,7 @@ HOP = 320
 
 @pytest.fixture(scope="module")
 def server(triton):
-    return triton.load(
-        "audio_tokenizer", "vocoder", "tensorrt_llm", "tensorrt_llm_offline", "spark_tts", "spark_tts_offline"
-    )
+    return triton.load(*SPARK_SERVING)
 
 
 @pytest.fixture(scope="module")

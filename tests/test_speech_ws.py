@@ -21,7 +21,7 @@ import pytest
 import soundfile
 from conftest import PROMPT_ZH_TEXT
 from openai_api_process import api_process, zh_voices
-from spark_models import build_spark_models
+from spark_models import SPARK_SERVING, build_spark_models
 from triton_stats import success_count, wait_for_counts
 from waiting import python_env, scaled
 from websockets.exceptions import ConnectionClosed
@@ -83,9 +83,7 @@ def test_clauses_none_and_a_long_run_without_marks():
 
 @pytest.fixture(scope="module")
 def triton_server(triton):
-    return triton.load(
-        "audio_tokenizer", "vocoder", "tensorrt_llm", "tensorrt_llm_offline", "spark_tts", "spark_tts_offline"
-    )
+    return triton.load(*SPARK_SERVING)
 
 
 @pytest.fixture(scope="module")

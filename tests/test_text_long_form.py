@@ -22,7 +22,7 @@ import soundfile
 from conftest import PROMPT_ZH_TEXT
 from fastapi.testclient import TestClient
 from openai_api_process import api_process, decode, zh_voices
-from spark_models import build_spark_models
+from spark_models import SPARK_SERVING, build_spark_models
 from triton_stats import success_count, wait_for_counts
 
 from tritontts.openai_api.app import create_app
@@ -205,9 +205,7 @@ MAX_INPUT = 5000
 
 @pytest.fixture(scope="module")
 def triton_server(triton):
-    return triton.load(
-        "audio_tokenizer", "vocoder", "tensorrt_llm", "tensorrt_llm_offline", "spark_tts", "spark_tts_offline"
-    )
+    return triton.load(*SPARK_SERVING)
 
 
 @pytest.fixture(scope="module")

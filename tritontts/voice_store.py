@@ -20,6 +20,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from tritontts.processes import pid_alive
+
 log = logging.getLogger(__name__)
 
 V = TypeVar("V")
@@ -47,14 +49,6 @@ def from_arrays(value_type: type[V], arrays: dict[str, np.ndarray]) -> V:
         values[field.name] = array.item() if array.ndim == 0 else array
     return value_type(**values)
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -65,7 +59,7 @@ def server_folder(model_name: str, root: Path | None = None) -> Path:
     root.mkdir(mode=0o700, exist_ok=True)
     for old in root.glob(f"{model_name}-*"):
         pid = old.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return root / f"{model_name}-{os.getppid()}"
 

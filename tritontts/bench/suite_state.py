@@ -22,18 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tritontts.processes import pid_alive
+
 
 def part_slug(name: str) -> str:
     return name.replace(":", "_")
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
