@@ -21,6 +21,7 @@ import pytest
 import soundfile
 from conftest import PROMPT_ZH_TEXT
 from openai_api_process import api_process, zh_voices
+from reliability_models import wait_engine_idle
 from spark_models import SPARK_SERVING, build_spark_models
 from triton_stats import success_count, wait_for_counts
 from waiting import python_env, scaled
@@ -230,25 +231,38 @@ def error_of(ws: ClientConnection) -> dict:
         ('{"type": "session.config", "voice": "zh", "speed": 9}', "speed", None),
     ],
 )
-def test_a_bad_message_gets_an_error_and_the_session_goes_on(api, message, param, code):
+def test_a_bad_message_gets_an_error_and_closes_the_session(api, message, param, code):
     with open_stream(api) as ws:
         ws.send(message)
         error = error_of(ws)
         assert error["param"] == param and (code is None or error["code"] == code), error
-        configure(ws)  # the session goes on
+        assert closed_with(ws) == 1008
+    with open_stream(api) as ws:  # the server goes on
+        configure(ws)
         send(ws, "session.close")
         assert receive(ws)["closed"] is True
 
 
-def test_errors_after_the_config(api):
+@pytest.mark.parametrize(
+    "message, param, code",
+    [
+        ({"type": "input.text", "text": "x" * (MAX_MESSAGE + 1)}, None, "message_too_large"),
+        ({"type": "input.text", "text": 5}, "text", None),
+        ({"type": "session.config", "voice": "zh"}, None, "config_already_set"),
+    ],
+)
+def test_a_bad_message_after_the_config_closes_the_session(api, message, param, code):
     with open_stream(api) as ws:
         configure(ws)
-        send(ws, "input.text", text="x" * (MAX_MESSAGE + 1))
-        assert error_of(ws)["code"] == "message_too_large"
-        send(ws, "input.text", text=5)
-        assert error_of(ws)["param"] == "text"
-        send(ws, "session.config", voice="zh")
-        assert error_of(ws)["code"] == "config_already_set"
+        ws.send(json.dumps(message))
+        error = error_of(ws)
+        assert (param is None or error["param"] == param) and (code is None or error["code"] == code), error
+        assert closed_with(ws) == 1008
+
+
+def test_session_close_without_text(api):
+    with open_stream(api) as ws:
+        configure(ws)
         send(ws, "session.close")
         assert receive(ws) == {
             "type": "session.done",
@@ -292,6 +306,20 @@ def test_a_wrong_or_missing_key_is_refused(api, headers, query, config_key):
     assert httpx.get(f"{api}/health").status_code == 200  # the server keeps serving
 
 
+@pytest.mark.reliability
+def test_a_client_leaving_mid_utterance_frees_its_engine_slot(api, triton_server):
+    with open_stream(api) as ws:
+        configure(ws, stream_audio=True)
+        send(ws, "input.text", text=" ".join([FIRST, SECOND] * 4))
+        send(ws, "input.done")
+        assert receive(ws)["type"] == "audio.start"
+    wait_engine_idle(triton_server.server, "tensorrt_llm")
+    with open_stream(api) as ws:  # and the server goes on
+        configure(ws)
+        send(ws, "session.close")
+        assert receive(ws)["closed"] is True
+
+
 def test_a_client_leaving_mid_sentence_and_the_example_client(api, tmp_path):
     with open_stream(api) as ws:
         configure(ws, stream_audio=True)
@@ -301,8 +329,11 @@ def test_a_client_leaving_mid_sentence_and_the_example_client(api, tmp_path):
     out = tmp_path / "speech.wav"  # the client left mid-sentence; the server serves the next one
     url = api.replace("http://", "ws://") + STREAM_PATH
     command = [sys.executable, str(ROOT / "examples" / "ws_client.py"), "--url", url, "--voice", "zh"]
-    command += ["--api-key", KEY, "--text", f"{FIRST} {SECOND}", "--out", str(out), "--delay", "0.01"]
+    text = tmp_path / "text.txt"
+    text.write_text(f"{FIRST} {SECOND}", encoding="utf-8")
+    command += ["--api-key", KEY, "--text-file", str(text), "--out", str(out), "--tokens-per-second", "100"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(120), env=python_env())
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "ms after the first text" in done.stdout
     samples, rate = soundfile.read(out)
     assert rate == RATE and samples.size == 2 * SEGMENT_SAMPLES  # two sentences, each whole

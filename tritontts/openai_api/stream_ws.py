@@ -4,7 +4,7 @@ Client messages, JSON text frames: `session.config` (the REST fields, `stream_au
 `input.text` deltas, `input.done` (speak what is buffered; the session goes on), `session.close`. Server messages:
 `session.created`; per segment `audio.start`, binary audio and `audio.done` (stream_speaker); `session.done` once
 what an `input.done` or `session.close` flushed has been spoken (`closed: true` for the close, after which the
-socket closes); `error` naming the field or problem.
+socket closes); `error` naming the field or problem, after which a bad message's session closes (1008).
 
 Two tasks share a session: the receiver cuts the text into sentences (stream_text) and queues each the moment it is
 complete; the synthesizer speaks the queue in order, one Triton request in flight, with the voice set up once from
@@ -137,8 +137,9 @@ class SpeechStream:
                 return
             try:
                 await self._handle(message)
-            except ApiError as err:
+            except ApiError as err:  # a bad message ends the session: the client sees why, then the close
                 await self.channel.error(err)
+                await self.channel.close(POLICY, err.code or "bad_message")
             if self.channel.closed:
                 return
 
