@@ -4,7 +4,10 @@ streams, through the official `openai` client."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
+import numpy as np
 import openai
 import pytest
 from conftest import PROMPT_ZH_TEXT
@@ -12,6 +15,8 @@ from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
 from openai_api_process import api_process, decode, zh_voices
 from triton_stats import assert_counts, inference_counts, wait_for_counts
+from waiting import scaled
+from websockets.sync.client import connect
 
 TRITON_MODELS = [build_cosyvoice2_models, build_cosyvoice2_dit_models]
 pytestmark = pytest.mark.slow
@@ -97,3 +102,33 @@ def test_health_names_both_deployments_at_24_khz(api):
         name: {"ready": True, "streaming_model": streaming, "offline_model": offline, "sample_rate": RATE}
         for name, (streaming, offline) in ((n, m.split(",")) for n, m in MODELS.items())
     }
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_text_streamed_in_over_the_websocket_is_spoken_clause_by_clause(api, model):
+    """`WS /v1/audio/speech/stream` (docs/streaming-text.md) in front of this family: the text arrives character
+    by character, each clause is spoken once complete, as 24 kHz PCM."""
+    url = api.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with connect(url, additional_headers=headers, open_timeout=scaled(30), max_size=None) as ws:
+        config = {"type": "session.config", "model": model, "voice": "zh"}
+        ws.send(json.dumps(config | {"stream_audio": True, "split_granularity": "clause"}))
+        for piece in TEXT:
+            ws.send(json.dumps({"type": "input.text", "text": piece}))
+        ws.send(json.dumps({"type": "session.close"}))
+        events, audio = [], bytearray()
+        while not (events and events[-1].get("type") == "session.done"):
+            message = ws.recv(timeout=scaled(300))
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+    kinds = [e["type"] for e in events]
+    assert kinds == ["session.created", *["audio.start", "audio.done"] * 2, "session.done"], events
+    spoken = [e["sentence_text"] for e in events if e["type"] == "audio.start"]
+    assert [text[:4] for text in spoken] == ["身临其境", "换新体验"], (
+        spoken
+    )  # as the text front end writes them
+    assert events[0]["sample_rate"] == RATE and events[-1]["closed"] is True
+    samples = np.frombuffer(bytes(audio), dtype=np.int16)
+    assert samples.size == sum(e["samples"] for e in events if e["type"] == "audio.done") > 0
