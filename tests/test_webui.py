@@ -416,3 +416,25 @@ def test_cosyvoice2_follows_instructions_and_speaks_cross_lingually(page, http):
     assert output_seconds(page) > 0
     page.find_element("css selector", 'input[name="mode"][value="clone"]').click()
     select(page, "model", "spark-tts")
+
+
+def test_text_typed_in_is_spoken_sentence_by_sentence(page, http, api):
+    if not websocket_opens(api, LIVE_TEXT_PATH):
+        pytest.skip(f"this API has no {LIVE_TEXT_PATH}: the page hides the mode")
+    select(page, "model", "spark-tts")
+    page.find_element("css selector", 'input[name="mode"][value="clone"]').click()
+    page.find_element("css selector", '.tab[data-source="saved"]').click()
+    select(page, "voice", "zh")
+    page.execute_script('document.getElementById("result").dataset.state = ""')
+    live = by_id(page, "live-input")
+    live.send_keys("Hello there. How are you? ")
+    wait(lambda: by_id(page, "chunks").text not in ("–", "0"), "the first sentences' audio before the end")
+    live.send_keys("Fine")
+    by_id(page, "live-done").click()
+    wait(lambda: by_id(page, "result").get_attribute("data-state") == "done", "the utterance's end")
+    section = by_id(page, "live-text")
+    assert section.get_attribute("data-sentences") == "3"
+    seconds = float(section.get_attribute("data-seconds"))
+    assert output_seconds(page) == pytest.approx(seconds, abs=1e-3)
+    assert seconds == pytest.approx(3 * api_seconds(http), abs=0.05)  # each sentence as long as a request's
+    screenshot(page, "live")

@@ -522,7 +522,7 @@ function showResult(blob, seconds, elapsed) {
   $("download").href = state.audioUrl;
   $("download").hidden = false;
   $("audio-seconds").textContent = `${seconds.toFixed(2)} s`;
-  if (seconds > 0) $("rtf").textContent = (elapsed / 1000 / seconds).toFixed(3);
+  if (seconds > 0 && elapsed > 0) $("rtf").textContent = (elapsed / 1000 / seconds).toFixed(3);
 }
 
 function resetResult() {
@@ -583,9 +583,62 @@ async function speak() {
 $("speak").addEventListener("click", speak);
 $("stop").addEventListener("click", () => {
   if (!state.run) return;
-  state.run.controller.abort();
+  if (state.run.controller) state.run.controller.abort();
   if (state.run.player) state.run.player.stop();
 });
+
+// --- text typed in as it is spoken (live-text.js) --------------------------------------------------------
+
+async function base64Of(blob) {
+  const bytes = new Uint8Array(await blob.arrayBuffer());
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(text);
+}
+
+async function sessionConfig() {
+  const mode = currentModel() ? currentMode() : "clone";
+  const config = {
+    model: $("model").value,
+    stream_audio: true,
+    split_granularity: "sentence",
+    text_normalization: $("normalize").checked,
+  };
+  if (state.key) config.api_key = state.key;
+  if (mode === "create") {
+    config.voice = { gender: $("gender").value, pitch: $("pitch").value, speed: $("speed").value };
+    return config;
+  }
+  if (mode === "instruct2") config.instructions = $("instructions").value;
+  if (state.source === "saved") config.voice = $("voice").value;
+  else if (state.reference) {
+    config.ref_audio = await base64Of(state.reference.blob);
+    if (mode === "clone" && $("ref-text").value.trim()) config.ref_text = $("ref-text").value;
+  }
+  return config;
+}
+
+const liveContext = {
+  api: API,
+  config: sessionConfig,
+  begin(rate) {
+    clearError();
+    resetResult();
+    const player = new Player(rate);
+    state.run = { controller: null, player, started: performance.now() };
+    setStatus("Listening…", "running");
+    return player;
+  },
+  progress: showProgress,
+  finish(player) {
+    showResult(player.wav(), player.samples / player.rate, 0); // no RTF: the typing set the pace
+    setStatus(`Done: ${player.chunks} chunk${player.chunks === 1 ? "" : "s"} spoken as typed.`, "done");
+  },
+  fail(error) {
+    showError(new ApiError(error.message || "the session failed", 0, error.param, error.code));
+    setStatus("Failed.", "error");
+  },
+};
 
 // --- start ------------------------------------------------------------------------------------------------
 
@@ -607,7 +660,7 @@ async function start() {
   $("server-state").textContent = `${state.models.length} model${state.models.length === 1 ? "" : "s"}`;
   renderModels();
   document.body.dataset.ready = "true";
-  if (await liveText.available(state.models, API)) liveText.mount($("live-text"));
+  if (await liveText.available(API)) liveText.mount($("live-text"), liveContext);
   window.liveTextChecked = true;
 }
 

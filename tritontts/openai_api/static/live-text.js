@@ -1,20 +1,23 @@
-// Hook for typing text in as it is spoken, over the WebSocket endpoint /v1/audio/speech/stream.
-// The endpoint is another piece of work: this page shows the mode only where the server has it, found from
-// /v1/models (a model card with "text_streaming": true) or, failing that, by a WebSocket that opens.
+// Typing text in as it is spoken, over the WebSocket endpoint /v1/audio/speech/stream (docs/streaming-text.md).
+// Shown only where the server has the endpoint: a WebSocket to it opens (and is closed at once).
+// Each sentence is spoken once the character after its mark arrives.
 export const PATH = "v1/audio/speech/stream";
 
-export async function available(models, api) {
-  if (models.some((model) => model.text_streaming === true)) return true;
+export function available(api) {
   return probe(api);
 }
 
-export function probe(api, timeoutMs = 1500) {
+function socketUrl(api) {
   const url = new URL(PATH, api);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url;
+}
+
+export function probe(api, timeoutMs = 1500) {
   return new Promise((resolve) => {
     let socket;
     try {
-      socket = new WebSocket(url);
+      socket = new WebSocket(socketUrl(api));
     } catch (_) {
       resolve(false);
       return;
@@ -31,14 +34,109 @@ export function probe(api, timeoutMs = 1500) {
   });
 }
 
-export function mount(section) {
-  // The client of the endpoint's protocol goes here once the endpoint exists.
+function element(tag, props = {}, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  node.append(...children);
+  return node;
+}
+
+// ctx (app.js): api, config() -> session.config fields, begin(rate) -> player, progress(player),
+// finish(player), fail(error)
+export function mount(section, ctx) {
+  const input = element("textarea", {
+    id: "live-input",
+    rows: 3,
+    placeholder: "type here: each sentence is spoken as soon as it is complete",
+  });
+  const done = element("button", { id: "live-done", type: "button", className: "secondary" }, "Speak the rest");
+  const status = element("span", { id: "live-state", className: "muted" });
+  section.replaceChildren(
+    element("h3", {}, "Type as it speaks"),
+    element("p", { className: "muted" }, `Text goes to /${PATH} as it is typed, with the choices above.`),
+    input,
+    element("div", { className: "row" }, done, status),
+  );
   section.hidden = false;
   section.dataset.mode = "live-text";
-  const title = document.createElement("h3");
-  title.textContent = "Type as it speaks";
-  const note = document.createElement("p");
-  note.className = "muted";
-  note.textContent = `This server takes text as it is written over /${PATH}; this page does not speak through it yet.`;
-  section.replaceChildren(title, note);
+
+  let socket = null;
+  let opening = null;
+  let created = false;
+  let queue = [];
+  let sent = "";
+  let player = null;
+  let seconds = 0;
+  let sentences = 0;
+
+  function send(message) {
+    if (socket && created) socket.send(JSON.stringify(message));
+    else queue.push(message);
+  }
+
+  function close() {
+    if (socket) socket.close(1000);
+    socket = null;
+    created = false;
+    queue = [];
+  }
+
+  async function open() {
+    const config = await ctx.config();
+    socket = new WebSocket(socketUrl(ctx.api));
+    socket.binaryType = "arraybuffer";
+    socket.onopen = () => socket.send(JSON.stringify({ type: "session.config", ...config }));
+    socket.onmessage = (event) => {
+      if (typeof event.data !== "string") {
+        if (player) {
+          player.push(new Uint8Array(event.data));
+          ctx.progress(player);
+        }
+        return;
+      }
+      const message = JSON.parse(event.data);
+      if (message.type === "session.created") {
+        created = true;
+        player = ctx.begin(message.sample_rate);
+        seconds = sentences = 0;
+        status.textContent = "listening…";
+        queue.splice(0).forEach(send);
+      } else if (message.type === "audio.start") {
+        status.textContent = `speaking: ${message.sentence_text}`;
+      } else if (message.type === "audio.done") {
+        seconds += message.duration || 0;
+        sentences += 1;
+        Object.assign(section.dataset, { seconds: seconds.toFixed(3), sentences: String(sentences) });
+      } else if (message.type === "session.done") {
+        ctx.finish(player);
+        player = null;
+        close(); // the next utterance opens a session with the choices of then
+        status.textContent = "done: type on for more";
+      } else if (message.type === "error") {
+        ctx.fail(message);
+        if (!created) close();
+      }
+    };
+    socket.onclose = () => {
+      socket = null;
+      created = false;
+    };
+  }
+
+  input.addEventListener("input", () => {
+    const text = input.value;
+    const delta = text.startsWith(sent) ? text.slice(sent.length) : "";
+    sent = text; // text edited before the end was already sent: only what is added goes
+    if (!delta) return;
+    if (!socket && !opening) opening = open().finally(() => (opening = null));
+    send({ type: "input.text", text: delta });
+  });
+
+  done.addEventListener("click", () => {
+    if (!socket && !opening) return;
+    send({ type: "input.done" });
+    input.value = "";
+    sent = "";
+  });
+
+  return { close };
 }
