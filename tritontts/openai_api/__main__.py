@@ -46,6 +46,15 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-bytes", type=int, default=1 << 20)
     p.add_argument("--max-upload-bytes", type=int, default=20 << 20)
     p.add_argument("--max-reference-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--ws-config-timeout", type=float, default=10.0, help="speech stream: seconds to session.config"
+    )
+    p.add_argument(
+        "--ws-idle-timeout", type=float, default=30.0, help="speech stream: idle seconds before it closes"
+    )
+    p.add_argument(
+        "--ws-max-message-bytes", type=int, default=128 << 10, help="speech stream: longest message"
+    )
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one Triton request may take")
     p.add_argument(
         "--max-new-tokens",
@@ -67,6 +76,12 @@ def get_parser() -> argparse.ArgumentParser:
         help="seconds a request may wait in Triton's queue before Triton rejects it (503 + Retry-After; 0: none)",
     )
     p.add_argument("--retry-after", type=int, default=2, help="Retry-After seconds of overload answers")
+    p.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        help="do not serve the page for trying voices at /ui/ (docs/webui.md)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -84,12 +99,16 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_input_chars=args.max_input_chars,
         max_request_bytes=args.max_request_bytes,
         max_upload_bytes=args.max_upload_bytes,
+        ws_config_timeout_s=args.ws_config_timeout,
+        ws_idle_timeout_s=args.ws_idle_timeout,
+        ws_max_message_bytes=args.ws_max_message_bytes,
         max_reference_seconds=args.max_reference_seconds,
         request_timeout_s=args.request_timeout,
         max_new_tokens=args.max_new_tokens,
         max_concurrent_requests=args.max_concurrent_requests,
         queue_timeout_s=args.queue_timeout,
         retry_after_s=args.retry_after,
+        ui=args.ui,
     )
 
 

@@ -3,6 +3,7 @@ delete), models, health; OpenAI-style errors."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -22,8 +23,9 @@ from tritontts.openai_api.encode import FORMATS, StreamEncoder, encode
 from tritontts.openai_api.errors import ApiError, bad_request, install_error_handlers, validated
 from tritontts.openai_api.limits import BodySizeLimit, ConcurrencyLimit
 from tritontts.openai_api.long_form import SpeechText, inputs, segment_samples
-from tritontts.openai_api.settings import Settings
+from tritontts.openai_api.settings import ModelRoute, Settings
 from tritontts.openai_api.speech import SpeechRequest, check_speech_request
+from tritontts.openai_api.stream_ws import speech_stream_router
 from tritontts.openai_api.triton_client import TritonTTS
 from tritontts.openai_api.voice_request import TritonVoice, choose_voice, profile_request, triton_voice
 from tritontts.openai_api.voices import Voice, VoiceStore
@@ -87,6 +89,7 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
             )
 
     auth = [Depends(authorized)]
+    app.include_router(speech_stream_router(settings, triton, voices, normalizer))  # docs/streaming-text.md
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -113,8 +116,25 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
 
     @app.get("/v1/models", dependencies=auth)
     async def list_models() -> dict:
-        data = [{"id": r.name, "object": "model", "owned_by": "tritontts"} for r in settings.routes]
-        return {"object": "list", "data": data}
+        """Each model with its rate and, when its Triton models are ready, its voice modes (the BLS's
+        `voice_modes`) and whether it streams; `ready: false` with `modes: null` otherwise."""
+
+        async def card(route: ModelRoute) -> dict:
+            try:
+                deployed = await triton.deployment(route)
+            except ApiError:
+                deployed = None
+            return {
+                "id": route.name,
+                "object": "model",
+                "owned_by": "tritontts",
+                "sample_rate": route.sample_rate,
+                "ready": deployed is not None,
+                "modes": sorted(deployed.modes) if deployed else None,
+                "streaming": deployed.streaming_model is not None if deployed else None,
+            }
+
+        return {"object": "list", "data": list(await asyncio.gather(*map(card, settings.routes)))}
 
     def describe(voice: Voice) -> dict:
         return voice.description(voices.profile_kinds(voice.name))
@@ -232,6 +252,10 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
             )
         return StreamingResponse(_bytes(audio), media_type=FORMATS[body.response_format].media_type)
 
+    if settings.ui:
+        from tritontts.openai_api.ui import ui_router
+
+        app.include_router(ui_router())
     return app
 
 

@@ -34,6 +34,9 @@ class Settings:
     """the longest `input` accepted; it is synthesized segment after segment (tritontts.text)"""
     max_request_bytes: int = 1 << 20
     max_upload_bytes: int = 20 << 20
+    ws_config_timeout_s: float = 10.0  # WS /v1/audio/speech/stream: seconds to a valid session.config
+    ws_idle_timeout_s: float = 30.0  # ... with no message and nothing to speak, the session closes
+    ws_max_message_bytes: int = 128 << 10  # ... the longest message after session.config
     max_reference_seconds: float = 30.0
     request_timeout_s: float = 600.0
     max_new_tokens: int | None = None  # sent as Triton's max_new_tokens request parameter when set
@@ -43,6 +46,7 @@ class Settings:
         0.0  # sent as Triton's request `timeout`: longer in its queue is rejected (0: none)
     )
     retry_after_s: int = 2  # the Retry-After of 429 and 503 answers to overload
+    ui: bool = True  # the page for trying voices at /ui/ (tritontts.openai_api.ui)
 
     def route(self, name: str) -> ModelRoute | None:
         return next((r for r in self.routes if r.name == name), None)
