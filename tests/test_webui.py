@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from conftest import PROMPT_ZH_TEXT
+from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
+from cosyvoice3_models import build_cosyvoice3_models
 from fastapi.testclient import TestClient
 from openai_api_process import api_process, decode, zh_voices
 from spark_models import SPARK_SERVING, build_spark_models
@@ -27,7 +29,12 @@ from spark_models import SPARK_SERVING, build_spark_models
 from tritontts.openai_api.app import create_app
 from tritontts.openai_api.settings import Settings, parse_model_spec
 
-TRITON_MODELS = [build_spark_models, build_cosyvoice2_models]
+TRITON_MODELS = [
+    build_spark_models,
+    build_cosyvoice2_models,
+    build_cosyvoice2_dit_models,
+    build_cosyvoice3_models,
+]
 KEY = "webui-test-key-5d1f"
 RATE = 16000
 TOKENS = 60  # --max-new-tokens: two streamed chunks (spark_models' first chunk is 50 tokens)
@@ -35,7 +42,10 @@ MODELS = [
     "spark-tts=spark_tts,spark_tts_offline",
     "spark-offline=spark_tts_offline",
     "cosyvoice2=cosyvoice2,cosyvoice2_offline",
+    "cosyvoice2-dit=cosyvoice2_dit,cosyvoice2_dit_offline",
+    "cosyvoice3=cosyvoice3,cosyvoice3_offline",
 ]
+MODEL_NAMES = [spec.split("=")[0] for spec in MODELS]
 COSYVOICE2_LEAVES = (
     "audio_tokenizer",
     "speaker_embedding",
@@ -43,6 +53,7 @@ COSYVOICE2_LEAVES = (
     "tensorrt_llm",
     "tensorrt_llm_offline",
 )
+COSYVOICE3_LEAVES = COSYVOICE2_LEAVES + ("vocoder",)
 PAGE_FILES = ["", "app.js", "live-text.js", "style.css"]
 WAIT_S = 120.0
 LIVE_TEXT_PATH = "/v1/audio/speech/stream"
@@ -65,7 +76,7 @@ def test_the_page_is_served_unless_turned_off():
             assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
         models = client.get("/v1/models").json()["data"]  # Triton unreachable: listed, not ready
         assert [(m["id"], m["ready"], m["modes"], m["streaming"]) for m in models] == [
-            (name, False, None, None) for name in ("spark-tts", "spark-offline", "cosyvoice2")
+            (name, False, None, None) for name in MODEL_NAMES
         ]
     with TestClient(create_app(Settings(triton_url="127.0.0.1:9", routes=routes, ui=False))) as client:
         for path in ("/", "/ui", "/ui/", "/ui/app.js"):
@@ -104,6 +115,8 @@ def browser_paths() -> tuple[str, str]:
 def api(browser_paths, triton, tmp_path_factory, prompt_zh) -> Iterator[str]:
     server = triton.load(*SPARK_SERVING)
     server.load(*(PREFIX + leaf for leaf in COSYVOICE2_LEAVES), "cosyvoice2", "cosyvoice2_offline")
+    server.load(TOKEN2WAV_DIT, "cosyvoice2_dit", "cosyvoice2_dit_offline")
+    server.load(*(f"cosyvoice3_{leaf}" for leaf in COSYVOICE3_LEAVES), "cosyvoice3", "cosyvoice3_offline")
     voices = zh_voices(tmp_path_factory.mktemp("voices"), prompt_zh, PROMPT_ZH_TEXT)
     args = ["--triton-url", server.grpc_url, "--voices-dir", str(voices), "--api-key", KEY]
     args += [f"--max-new-tokens={TOKENS}", "--max-input-chars=300"]
@@ -289,7 +302,7 @@ def test_the_models_and_their_modes_are_listed(page, http, api):
     assert cards["spark-offline"]["streaming"] is False
     assert cards["cosyvoice2"]["modes"] == ["clone", "cross_lingual", "instruct2"]
     assert cards["cosyvoice2"]["sample_rate"] == 24000
-    assert options(page, "model") == ["spark-tts", "spark-offline", "cosyvoice2"]
+    assert options(page, "model") == MODEL_NAMES
     modes = page.find_elements("css selector", 'input[name="mode"]')
     assert [m.get_attribute("value") for m in modes] == ["clone", "create"]
     assert options(page, "voice") == ["zh"]
@@ -438,3 +451,18 @@ def test_text_typed_in_is_spoken_sentence_by_sentence(page, http, api):
     assert output_seconds(page) == pytest.approx(seconds, abs=1e-3)
     assert seconds == pytest.approx(3 * api_seconds(http), abs=0.05)  # each sentence as long as a request's
     screenshot(page, "live")
+
+
+@pytest.mark.parametrize("model", ["cosyvoice2-dit", "cosyvoice3"])
+def test_the_other_families_stream_a_saved_voice(page, http, model):
+    select(page, "model", model)
+    modes = page.find_elements("css selector", 'input[name="mode"]')
+    assert [m.get_attribute("value") for m in modes] == ["clone", "cross_lingual", "instruct2"]
+    page.find_element("css selector", 'input[name="mode"][value="clone"]').click()
+    page.find_element("css selector", '.tab[data-source="saved"]').click()
+    select(page, "voice", "zh")
+    select(page, "stream-format", "audio")
+    assert speak(page, "收到好友的礼物。") == "done", by_id(page, "error").text
+    fields = {"model": model, "input": "收到好友的礼物。"}
+    assert output_seconds(page) == pytest.approx(api_seconds(http, **fields), abs=1e-3)
+    select(page, "model", "spark-tts")
