@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tritontts.bench import results_views
+from tritontts.bench.results_table import BenchFile, _cell, _table, gpu_label, headline_rows  # noqa: F401 (names of this module too)
+
 RESULTS_NAME = "RESULTS.md"
 ARCHIVE_DIR = "archive"
 
@@ -50,7 +53,6 @@ ROW_OPTIONAL = ("note", "gpu_count", "commit")
 
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}(?![0-9a-zA-Z])")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_GPU = re.compile(r"\b(GH200|GB200|B200|B100|H200|H100|H20|A100|A10G?|L40S|L40|L20|L4|T4|V100)\b")
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,6 @@ class SchemaError:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.field}: {self.problem}"
-
-
-@dataclass(frozen=True)
-class BenchFile:
-    """A benchmark JSON as loaded: its name relative to benchmarks/, whether archived, its data."""
-
-    name: str
-    archived: bool
-    data: dict
 
 
 def _is_int(value: Any) -> bool:
@@ -203,20 +196,6 @@ def load_files(bench_dir: Path) -> tuple[list[BenchFile], list[SchemaError]]:
     return files, errors
 
 
-def gpu_label(meta: dict) -> str:
-    """A short name of the machine's GPU (H100, H200, ...), CPU where gpu_count is 0."""
-    if meta["gpu_count"] == 0:
-        return "CPU"
-    found = _GPU.search(meta["device"])
-    return found.group(1) if found else meta["device"].split(",")[0][:40]
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "–"
-    return str(value).replace("\n", " ").replace("|", "\\|")
-
-
 def _code(text: str) -> str:
     text = text.replace("\n", " ").replace("|", "\\|")
     return f"`{text}`" if "`" not in text else text
@@ -229,38 +208,6 @@ def _command(meta: dict) -> str:
 
 def _commit(meta: dict, row: dict) -> str:
     return _COMMIT.match(row.get("commit") or meta["commit"]).group(0)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
-def headline_rows(
-    files: list[BenchFile],
-) -> tuple[list[tuple[BenchFile, dict]], list[tuple[BenchFile, dict]]]:
-    """The serving rows and the metric rows of the files not archived, in RESULTS.md's order."""
-    serving, metrics = [], []
-    for file in files:
-        if file.archived:
-            continue
-        for index, row in enumerate(file.data["headline"]):
-            (metrics if "metric" in row else serving).append((file, index, row))
-    serving.sort(
-        key=lambda item: (
-            item[2]["model"],
-            item[2]["mode"],
-            gpu_label(item[0].data["meta"]),
-            item[2]["layout"],
-            item[2].get("gpu_count", item[0].data["meta"]["gpu_count"]),
-            item[2]["concurrency"],
-            item[0].name,
-            item[1],
-        )
-    )
-    metrics.sort(key=lambda item: (item[2]["model"], item[0].name, item[1]))
-    return [(f, r) for f, _, r in serving], [(f, r) for f, _, r in metrics]
 
 
 SERVING_KEYS = (*SERVING_FIELDS, "note")
@@ -360,8 +307,6 @@ def _shown(path: Path, root: Path) -> str:
 def _page_updates(files: list[BenchFile], bench_dir: Path, pages: list[Path] | None) -> list[tuple]:
     """(page, its name as messages show it, its PageUpdate) for every page (default: page_paths of the
     benchmarks folder's parent)."""
-    from tritontts.bench import results_views
-
     root = bench_dir.resolve().parent
     updates = []
     for page in page_paths(root) if pages is None else [Path(p) for p in pages]:

@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tritontts.bench.results import BenchFile, _cell, _table, gpu_label, headline_rows
+from tritontts.bench.results_table import BenchFile, _cell, _table, gpu_label, headline_rows
 
 OPEN = re.compile(r"^<!-- results: (?P<spec>.*?) -->$")
 CLOSE = "<!-- /results -->"
