@@ -18,7 +18,7 @@ from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
 from openai_api_process import api_process, decode
-from spark_models import build_spark_models
+from spark_models import SPARK_SERVING, build_spark_models
 from triton_stats import assert_counts, inference_count, inference_counts
 from voice_models import LLM, build_voice_spark_models
 
@@ -50,14 +50,7 @@ HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def server(triton):
-    spark = (
-        "audio_tokenizer",
-        "vocoder",
-        "tensorrt_llm",
-        "tensorrt_llm_offline",
-        "spark_tts",
-        "spark_tts_offline",
-    )
+    spark = SPARK_SERVING
     leaves = ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm", "tensorrt_llm_offline")
     cosy = (*(PREFIX + leaf for leaf in leaves), TOKEN2WAV_DIT)
     bls = ("cosyvoice2", "cosyvoice2_offline", "cosyvoice2_dit", "cosyvoice2_dit_offline")

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
 from cosyvoice2_models import PREFIX, build_cosyvoice2_models
-from spark_models import build_spark_models
+from spark_models import SPARK_SERVING, build_spark_models
 from triton_stats import assert_counts, inference_count, inference_counts, wait_for_counts
 from triton_stream import make_inputs, stream_responses, stream_waveforms
 from tritonclient.utils import InferenceServerException
@@ -59,14 +59,7 @@ PROFILE_OUTPUTS = {
 
 @pytest.fixture(scope="module")
 def server(triton):
-    spark = (
-        "audio_tokenizer",
-        "vocoder",
-        "tensorrt_llm",
-        "tensorrt_llm_offline",
-        "spark_tts",
-        "spark_tts_offline",
-    )
+    spark = SPARK_SERVING
     cosy = (
         *COSY_LEAVES,
         TOKEN2WAV_DIT,
