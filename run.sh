@@ -167,6 +167,7 @@ suite_sweep=1,4,16                  # stage 11: the concurrencies of every servi
 suite_warmup=2                      # stage 11: warm-up rows of every serving part
 suite_serve_args=auto               # stage 11: run.sh options of every served family; auto: "--llm_compile true --llm_max_batch_size 16 --bls_instance_num 16" on a GPU host, none on the CPU
 suite_part_timeout=900              # stage 11: seconds one part may run before it is stopped (its server too) and marked failed
+suite_commit=auto                   # stage 11: the commit the JSON records; auto: git's HEAD (pass it where the checkout has no .git)
 
 usage() {
   awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
@@ -686,7 +687,7 @@ if [ "$stage" -le 11 ] && [ "$stop_stage" -ge 11 ]; then
   done
   suite=(--exp-dir "$exp_dir" --out-dir "$suite_out_dir" --parts "$suite_parts" --model-source "$model_source"
     --llm-backend "$llm_backend" --device "$llm_device" --python "$python" --split-name "$split_name"
-    --sweep "$suite_sweep" --warmup "$suite_warmup" --serve-args "$suite_serve_args" --part-timeout "$suite_part_timeout"
+    --sweep "$suite_sweep" --warmup "$suite_warmup" --serve-args "$suite_serve_args" --part-timeout "$suite_part_timeout" --commit "$suite_commit"
     --http-port "$http_port" --grpc-port "$grpc_port" --metrics-port "$metrics_port")
   [ "$dataset" = "$default_dataset" ] || suite+=(--dataset "$dataset")
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # this checkout's package, installed or not (a bare PyTorch image)

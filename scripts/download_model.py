@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -88,6 +89,9 @@ def download_cosyvoice3(source: str, out: Path) -> None:
         download_huggingface(repo, out / directory)
 
 
+SYNTHETIC_MARKER = ".synthetic.json"  # what stage 0 wrote here: a rerun with the same one skips it
+
+
 def write_synthetic(model: str, preset: str, out: Path, seed: int) -> None:
     if model == "spark_tts":
         from tritontts.synthetic.spark import write_spark_checkpoint
@@ -133,7 +137,16 @@ def main() -> None:
     if out is None and not Path(source).is_dir():
         fail("--output_dir is required unless --model_source is a local directory")
     if source.startswith("synthetic-"):
-        write_synthetic(args.model, source.removeprefix("synthetic-"), out, args.seed)
+        marker = out / SYNTHETIC_MARKER
+        written = {"model": args.model, "preset": source.removeprefix("synthetic-"), "seed": args.seed}
+        if marker.is_file() and json.loads(marker.read_text()) == written and not layout.missing_files(out):
+            print(
+                f"{out} holds the synthetic {args.model} checkpoint ({written['preset']}, seed {args.seed}); "
+                "nothing to write"
+            )
+            return
+        write_synthetic(args.model, written["preset"], out, args.seed)
+        marker.write_text(json.dumps(written))
     elif source in ("huggingface", "modelscope"):
         if not layout.missing_files(out):
             print(f"{out} is complete; nothing to download")

@@ -131,6 +131,9 @@ def test_download_model_writes_a_complete_checkpoint_and_names_what_a_local_one_
     assert f"spark_tts checkpoint ready at {out}" in done.stdout
     assert missing_files(out) == []
     assert json.loads((out / "SYNTHETIC.json").read_text())["preset"] == "tiny"
+    again = run_script(SCRIPTS / "download_model.py", *done.args[2:], scratch=tmp_path, timeout=60)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "nothing to write" in again.stdout  # stage 0 again with the same source, preset and seed
 
     local = tmp_path / "local"
     local.mkdir()
