@@ -94,6 +94,12 @@ class LLMEngine:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_seq_len {max_seq_len}")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if any(t >= self.vocab_size for t in params.bad_token_ids):
+            raise ValueError(f"bad_token_ids must be in [0, {self.vocab_size})")
+        if len(params.bad_token_ids) > self.runner.state.max_bad_tokens:
+            raise ValueError(
+                f"at most {self.runner.state.max_bad_tokens} bad_token_ids, got {len(params.bad_token_ids)}"
+            )
         seq = Sequence(
             request_id=next(self._ids) if request_id is None else request_id,
             prompt_ids=prompt,

@@ -2,7 +2,8 @@
 
 Each row draws its noise from a hash of (seed, step, token id), so a request samples the same tokens
 whether it runs alone or next to others. Order of operations follows Hugging Face: repetition penalty,
-min-tokens mask of end_id, temperature, top-k, top-p; then the Gumbel-max trick picks a candidate.
+min-tokens mask of end_id, the request's bad token ids, temperature, top-k, top-p; then the Gumbel-max trick
+picks a candidate.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def mask_end_id(logits: torch.Tensor, end_id: torch.Tensor, masked: torch.Tensor
     return logits.masked_fill(hit, float("-inf"))
 
 
+def mask_bad_ids(logits: torch.Tensor, bad_ids: torch.Tensor) -> torch.Tensor:
+    """-inf at the ids of `bad_ids [B, K]`; entries < 0 change nothing (see SlotState.assign for the padding)."""
+    index = bad_ids.clamp(min=0)
+    kept = logits.gather(1, index)
+    return logits.scatter(1, index, torch.where(bad_ids >= 0, float("-inf"), kept))
+
+
 def top_k_top_p_keep(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Which of the descending `sorted_logits [B, K]` survive top-k (0 = all K), then top-p among those."""
     candidates = sorted_logits.shape[-1]
@@ -77,12 +85,14 @@ class SamplingBatch:
     min_tokens: torch.Tensor
     step: torch.Tensor
     seen: torch.Tensor
+    bad_ids: torch.Tensor | None = None
 
 
 def sampling_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """fp32 logits `[B, V]` after the repetition penalty and the min-tokens mask of end_id."""
+    """fp32 logits `[B, V]` after the repetition penalty, the min-tokens mask of end_id and the bad ids' mask."""
     logits = apply_repetition_penalty(logits, batch.seen, batch.repetition_penalty)
-    return mask_end_id(logits, batch.end_id, batch.step < batch.min_tokens)
+    logits = mask_end_id(logits, batch.end_id, batch.step < batch.min_tokens)
+    return logits if batch.bad_ids is None else mask_bad_ids(logits, batch.bad_ids)
 
 
 def choose(top_logits: torch.Tensor, top_ids: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

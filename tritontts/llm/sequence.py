@@ -14,7 +14,8 @@ class SamplingParams:
     temperature 0 or top_k 1 is greedy. top_k 0 means "no top-k limit": the candidates are then the
     engine's `max_top_k` most likely tokens (the whole vocabulary when it is smaller), and top_p applies
     within them; a top_k above max_top_k is clamped to it. end_id None (or < 0) never stops early; min_tokens masks end_id until that many tokens
-    were generated. The end token itself is not part of the output.
+    were generated. The end token itself is not part of the output. bad_token_ids are never sampled (TensorRT-LLM's
+    `bad_words_list`, single-token words only).
     """
 
     max_tokens: int = 512  # request_output_len
@@ -26,8 +27,12 @@ class SamplingParams:
     seed: int | None = None  # random_seed
     end_id: int | None = None
     pad_id: int | None = None
+    bad_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "bad_token_ids", tuple(int(t) for t in self.bad_token_ids))
+        if any(t < 0 for t in self.bad_token_ids):
+            raise ValueError(f"bad_token_ids must be >= 0, got {list(self.bad_token_ids)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0:

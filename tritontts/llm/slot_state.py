@@ -20,14 +20,20 @@ FIELDS = (
     "step",
 )
 FLOAT_FIELDS = ("temperature", "top_p", "repetition_penalty")
+MAX_BAD_TOKENS = 256
+"""Bad token ids a request may name (CosyVoice3's bistream masks 199); each step masks this many per slot."""
 
 
 class SlotState:
-    def __init__(self, slots: int, vocab_size: int, device: torch.device):
+    def __init__(
+        self, slots: int, vocab_size: int, device: torch.device, max_bad_tokens: int = MAX_BAD_TOKENS
+    ):
         for name in FIELDS:
             dtype = torch.float32 if name in FLOAT_FIELDS else torch.int64
             setattr(self, name, torch.zeros(slots, dtype=dtype, device=device))
         self.seen = torch.zeros(slots, vocab_size, dtype=torch.bool, device=device)
+        self.max_bad_tokens = max(max_bad_tokens, 1)
+        self.bad_ids = torch.full((slots, self.max_bad_tokens), -1, dtype=torch.int64, device=device)
 
     def rows(self, start: int, stop: int) -> SamplingBatch:
         return SamplingBatch(
@@ -40,6 +46,7 @@ class SlotState:
             min_tokens=self.min_tokens[start:stop],
             step=self.step[start:stop],
             seen=self.seen[start:stop],
+            bad_ids=self.bad_ids[start:stop],
         )
 
     def take(self, rows: torch.Tensor) -> SamplingBatch:
@@ -54,10 +61,17 @@ class SlotState:
             min_tokens=self.min_tokens[rows],
             step=self.step[rows],
             seen=self.seen[rows],
+            bad_ids=self.bad_ids[rows],
         )
 
     def assign(self, slot: int, params: SamplingParams, seed: int, prompt_ids: torch.Tensor) -> None:
-        """Settings of a new request; position and last token are set after its prefill."""
+        """Settings of a new request; position and last token are set after its prefill. Its bad ids are padded
+        by repeating the first (a row without any holds -1: masks nothing), so no two entries of a row scatter
+        different values into one logit."""
+        bad = list(params.bad_token_ids)
+        if len(bad) > self.max_bad_tokens:
+            raise ValueError(f"at most {self.max_bad_tokens} bad token ids per request, got {len(bad)}")
+        padding = bad[:1] or [-1]
         values = {
             "temperature": params.temperature,
             "top_k": params.top_k,
@@ -74,6 +88,7 @@ class SlotState:
             getattr(self, name)[slot] = value
         self.seen[slot] = False
         self.seen[slot, prompt_ids] = True
+        self.bad_ids[slot] = torch.tensor(bad + padding * (self.max_bad_tokens - len(bad)), dtype=torch.int64)
 
     def start_decoding(self, slot: int, token: torch.Tensor, prompt_len: int) -> None:
         """After prefill sampled `token` (a 1-element tensor): the next decode feeds it at `prompt_len`."""
@@ -94,7 +109,7 @@ class SlotState:
         self.seen.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.bool))
 
     def move(self, src: int, dst: int) -> None:
-        for name in (*FIELDS, "seen"):
+        for name in (*FIELDS, "seen", "bad_ids"):
             tensor = getattr(self, name)
             tensor[dst] = tensor[src]
 

@@ -32,6 +32,31 @@ def _scalar(get: GetInput, name: str, kind: type, default=None):
     return kind(array.reshape(-1)[0])
 
 
+def parse_bad_words(array: np.ndarray | None, vocab_size: int) -> tuple[int, ...]:
+    """TensorRT-LLM's `bad_words_list` ([1, 2, N] or [2, N]: the words' ids back to back, then each word's end
+    offset, -1 after the last) as token ids; only single-token words are supported."""
+    if array is None:
+        return ()
+    if array.ndim == 3 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 2 or array.shape[0] != 2:
+        raise RequestError("bad_words_list", f"must be [1, 2, N] or [2, N], got shape {list(array.shape)}")
+    ids, offsets = array.astype(np.int64)
+    padding = offsets < 0
+    count = int(np.argmax(padding)) if padding.any() else offsets.size
+    if not padding[count:].all():
+        raise RequestError("bad_words_list", "offsets must end with -1 padding only")
+    ends = offsets[:count]
+    if not np.array_equal(ends, np.arange(1, count + 1)):
+        raise RequestError(
+            "bad_words_list", f"only single-token words are supported, got word end offsets {ends.tolist()}"
+        )
+    words = ids[:count]
+    if words.size and (words.min() < 0 or words.max() >= vocab_size):
+        raise RequestError("bad_words_list", f"ids must be in [0, {vocab_size})")
+    return tuple(int(t) for t in words)
+
+
 def parse_llm_request(get: GetInput, vocab_size: int, default_streaming: bool) -> LLMRequest:
     ids = get("input_ids")
     if ids is None:
@@ -58,6 +83,7 @@ def parse_llm_request(get: GetInput, vocab_size: int, default_streaming: bool) -
             seed=seed if seed >= 0 else None,
             end_id=_scalar(get, "end_id", int, default=-1),
             pad_id=_scalar(get, "pad_id", int, default=-1),
+            bad_token_ids=parse_bad_words(get("bad_words_list"), vocab_size),
         )
     except ValueError as err:
         raise RequestError("sampling", str(err)) from err

@@ -6,6 +6,7 @@ batch dimension of 1 per request, `output_ids` is [batch, beam, tokens] and `seq
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,10 +25,21 @@ class SamplingParams:
     seed: int | None = None
 
 
+def bad_words_list(token_ids: Sequence[int]) -> np.ndarray:
+    """TensorRT-LLM's `bad_words_list` [1, 2, N] of single-token words: the ids, then end offsets 1..N."""
+    ids = np.asarray(token_ids, dtype=np.int32).reshape(-1)
+    return np.stack([ids, np.arange(1, ids.size + 1, dtype=np.int32)])[None]
+
+
 def llm_request_inputs(
-    input_ids: np.ndarray, end_id: int, pad_id: int, params: SamplingParams, streaming: bool
+    input_ids: np.ndarray,
+    end_id: int,
+    pad_id: int,
+    params: SamplingParams,
+    streaming: bool,
+    bad_ids: Sequence[int] = (),
 ) -> dict[str, np.ndarray]:
-    """The input tensors of one generation request."""
+    """The input tensors of one generation request (`bad_ids`: token ids never to generate)."""
     ids = np.asarray(input_ids, dtype=np.int32).reshape(1, -1)
     inputs = {
         "input_ids": ids,
@@ -43,6 +55,8 @@ def llm_request_inputs(
         "min_length": np.array([[params.min_tokens]], dtype=np.int32),
         "exclude_input_in_output": np.array([[True]], dtype=np.bool_),
     }
+    if bad_ids:
+        inputs["bad_words_list"] = bad_words_list(bad_ids)
     if params.seed is not None:
         inputs["random_seed"] = np.array([[params.seed]], dtype=np.uint64)
     return inputs

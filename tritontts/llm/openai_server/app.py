@@ -83,6 +83,10 @@ def default_eos_ids(model_dir: Path) -> tuple[int, ...]:
 
 def sampling_params(request: SamplingFields, stop_ids: list[int], max_tokens: int) -> SamplingParams:
     try:
+        banned = request.banned_ids()
+    except ValueError as error:
+        raise bad_request(str(error), "logit_bias") from error
+    try:
         return SamplingParams(
             max_tokens=request.token_limit() or max_tokens,
             min_tokens=request.min_tokens,
@@ -92,6 +96,7 @@ def sampling_params(request: SamplingFields, stop_ids: list[int], max_tokens: in
             repetition_penalty=request.repetition_penalty,
             seed=request.seed,
             end_id=stop_ids[0] if stop_ids else None,
+            bad_token_ids=banned,
         )
     except ValueError as error:
         raise bad_request(str(error)) from error
@@ -129,6 +134,9 @@ def create_app(served: ServedModel) -> FastAPI:
     def start(request: SamplingFields, prompt_ids: list[int]) -> tuple[EngineStream, TextStream]:
         stop_ids, stop_strings = served.stop_ids_and_strings(request)
         params = sampling_params(request, stop_ids, served.engine.runner.max_seq_len)
+        vocab, most = served.engine.vocab_size, served.engine.runner.state.max_bad_tokens
+        if any(t >= vocab for t in params.bad_token_ids) or len(params.bad_token_ids) > most:
+            raise bad_request(f"logit_bias takes at most {most} token ids below {vocab}", "logit_bias")
         try:
             stream = EngineStream(
                 served.engine, next(served.request_ids), prompt_ids, params, frozenset(stop_ids[1:])

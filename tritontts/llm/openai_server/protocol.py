@@ -1,4 +1,7 @@
-"""Request bodies of the completions endpoints (OpenAI's fields, plus top_k, repetition_penalty, min_tokens)."""
+"""Request bodies of the completions endpoints (OpenAI's fields, plus top_k, repetition_penalty, min_tokens).
+
+`logit_bias` takes only -100 (never generate that token id: the engine's bad token ids); other biases are refused.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ class SamplingFields(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
 
@@ -30,6 +34,17 @@ class SamplingFields(BaseModel):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def banned_ids(self) -> tuple[int, ...]:
+        """The token ids of `logit_bias` (all biased -100); raises ValueError for any other entry."""
+        ids = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if bias != -100:
+                raise ValueError(f"logit_bias supports only -100 (ban the token), got {bias} for {key}")
+            ids.append(int(key))
+        return tuple(ids)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
