@@ -8,23 +8,31 @@ a text too short for its prompt speech, deltas of one and of several tokens); se
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from cosyvoice2_models import build_cosyvoice2_models
+from fastapi.testclient import TestClient
 
 from tritontts.checkpoint import read_state_dict, write_safetensors
 from tritontts.cosyvoice2.bistream import BistreamTokens, run_bistream
 from tritontts.cosyvoice3.convert import convert_cosyvoice3_llm
 from tritontts.llm.engine import LLMEngine
+from tritontts.llm.openai_server.app import ServedModel, create_app
 from tritontts.llm.sequence import SamplingParams
 from tritontts.synthetic.cosyvoice2_llm import qwen2lm_state_dict, write_cosyvoice2_llm
 from tritontts.synthetic.cosyvoice3 import write_cosyvoice3_token2wav
 from tritontts.synthetic.cosyvoice3_llm import write_cosyvoice3_llm_files
+from tritontts.triton.llm_contract import SamplingParams as ContractParams
+from tritontts.triton.llm_contract import generated_tokens, llm_request_inputs
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "bistream_golden.json").read_text())
 FAMILIES = {"cosyvoice2": BistreamTokens.cosyvoice2(), "cosyvoice3": BistreamTokens.cosyvoice3()}
+CV2 = FAMILIES["cosyvoice2"]
 CASES = [(family, name) for family, cases in GOLDEN["families"].items() for name in cases]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -95,3 +103,75 @@ def test_engine_bistream_equals_upstream(engines: dict[str, LLMEngine], family: 
     assert bistream(family, case, engine_runner(engines[family], requests)) == case["tokens"]
     assert requests[-1][2] == FAMILIES[family].eos
     assert all(end == FAMILIES[family].fill for _, _, end in requests[:-1])
+
+
+SPEECH_TEXT = re.compile(r"<\|s_(\d+)\|>")
+END_TOKEN_TEXT = {CV2.fill: "<|eos3|>", CV2.eos: "<|eos1|>"}
+SERVER_CASE = ("cosyvoice2", "p22_medium_mixed")
+
+
+@pytest.mark.golden
+def test_openai_server_bistream_equals_upstream(llm_dirs: dict[str, Path]) -> None:
+    """Segment requests as /v1/completions with token-id prompts, a stop token and logit_bias -100 bans."""
+    family, name = SERVER_CASE
+    engine = LLMEngine.from_pretrained(
+        llm_dirs[family],
+        device="cpu",
+        dtype=torch.float32,
+        max_batch_size=1,
+        max_seq_len=1024,
+        cuda_graphs=False,
+    )
+    with TestClient(create_app(ServedModel.from_model_dir(engine, llm_dirs[family]))) as client:
+
+        def run(ids: list[int], max_tokens: int, end_id: int, bad_ids: tuple[int, ...]) -> Iterator[int]:
+            body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                    "stop": [END_TOKEN_TEXT[end_id]], "logit_bias": {str(t): -100 for t in bad_ids}}  # fmt: skip
+            response = client.post("/v1/completions", json=body)
+            assert response.status_code == 200, response.text
+            text = response.json()["choices"][0]["text"]
+            yield from (CV2.speech_id(int(n)) for n in SPEECH_TEXT.findall(text))
+
+        case = GOLDEN["families"][family][name]
+        assert bistream(family, case, run) == case["tokens"]
+        refused = client.post("/v1/completions", json={"prompt": [1], "logit_bias": {"5": -5}})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "logit_bias"
+
+
+TRITON_MODELS = [build_cosyvoice2_models]
+TRITON_LLM = "cosyvoice2_tensorrt_llm_offline"
+
+
+@pytest.fixture(scope="module")
+def server(triton):
+    return triton.load(TRITON_LLM)
+
+
+@pytest.mark.golden
+def test_tensorrt_llm_contract_bistream_equals_upstream(server) -> None:
+    """The session tritonserver's torch `tensorrt_llm` model (the CosyVoice2 checkpoint of the golden: tiny,
+    seed 0, fp32 on CPU) over gRPC: segment requests with request_output_len, end_id and bad_words_list."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def run(ids: list[int], max_tokens: int, end_id: int, bad_ids: tuple[int, ...]) -> Iterator[int]:
+        params = ContractParams(max_tokens=max_tokens, temperature=1.0, top_k=1, top_p=1.0)
+        arrays = llm_request_inputs(np.asarray(ids), end_id, end_id, params, False, bad_ids=bad_ids)
+        inputs = []
+        for key, value in arrays.items():
+            tensor = grpcclient.InferInput(key, list(value.shape), np_to_triton_dtype(value.dtype))
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        result = client.infer(TRITON_LLM, inputs)
+        yield from generated_tokens(
+            result.as_numpy("output_ids"), result.as_numpy("sequence_length")
+        ).tolist()
+
+    try:
+        for name in ("p30_long_single", "p45_short_leftover"):
+            case = GOLDEN["families"]["cosyvoice2"][name]
+            assert bistream("cosyvoice2", case, run) == case["tokens"]
+    finally:
+        client.close()
