@@ -104,6 +104,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def import_transformers():
+    """transformers, told that scipy and scikit-learn are absent when scipy does not import: Qwen2 needs
+    neither, and a PyTorch image's scipy (built for numpy 2) fails under the numpy<2 the servers need."""
+    try:
+        import scipy.sparse  # noqa: F401
+    except Exception:
+        for name in [m for m in sys.modules if m.split(".")[0] in ("scipy", "sklearn")]:
+            del sys.modules[name]
+        sys.modules["scipy"] = sys.modules["sklearn"] = None
+    import transformers
+
+    return transformers
+
+
 def build_models(args, device: torch.device, dtype: torch.dtype):
     """Our model and a transformers model holding the same weights (None when HF is not benchmarked)."""
     want_hf = bool(args.hf_batch_sizes.strip())
@@ -111,8 +125,7 @@ def build_models(args, device: torch.device, dtype: torch.dtype):
         ours = load_pretrained(args.model_dir, device, dtype)
         hf = None
         if want_hf:
-            import transformers
-
+            transformers = import_transformers()
             hf = transformers.Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(device).eval()
         return ours, hf
     preset = "tiny" if args.tiny else "full"
@@ -124,8 +137,7 @@ def build_models(args, device: torch.device, dtype: torch.dtype):
     ours = build_model(Qwen2Config.from_dict(raw), state, device, dtype, source="synthetic")
     hf = None
     if want_hf:
-        import transformers
-
+        transformers = import_transformers()
         hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**raw)).to(dtype)
         missing, unexpected = hf.load_state_dict(state, strict=False)
         assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
@@ -434,7 +446,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     reference = run_reference(args) if args.reference else {}
-    import transformers
+    transformers = import_transformers()
 
     report = {
         "command": shlex.join(["python", *sys.argv]),

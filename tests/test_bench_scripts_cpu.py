@@ -39,6 +39,40 @@ def assert_positive(row: dict, *keys: str) -> None:
         assert positive(row[key]), (key, row)
 
 
+BROKEN_SCIPY = """
+import importlib.abc, importlib.machinery, runpy, sys
+
+
+class BrokenScipy(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "scipy":
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise AttributeError("module 'numpy' has no attribute 'long'")
+
+
+sys.meta_path.insert(0, BrokenScipy())
+transformers = runpy.run_path(sys.argv[1])["import_transformers"]()
+print(type(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    vocab_size=64))).__name__)
+"""
+
+
+def test_bench_llm_reaches_transformers_where_scipy_does_not_import(tmp_path: Path):
+    """A PyTorch image's scipy is built for numpy 2; under the servers' numpy<2 it fails to import, and
+    transformers' Qwen2 import path would fail with it (seen on an H100 host in the suite's engine part)."""
+    script = tmp_path / "broken_scipy.py"
+    script.write_text(BROKEN_SCIPY)
+    done = run_script(script, str(REPO / "scripts" / "bench_llm.py"), scratch=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip().endswith("Qwen2ForCausalLM")
+
+
 def test_bench_llm_and_its_reference_on_cpu(tmp_path: Path):
     """bench_llm.py --device cpu --tiny, with bench_llm_reference.py run by its --reference (torch.compile)."""
     sizes = ("--batch-sizes", "1,2", "--hf-batch-sizes", "1", "--prompt-len", "8", "--gen-len", "6")
