@@ -55,10 +55,11 @@ def mask_end_id(logits: torch.Tensor, end_id: torch.Tensor, masked: torch.Tensor
 
 
 def mask_bad_ids(logits: torch.Tensor, bad_ids: torch.Tensor) -> torch.Tensor:
-    """-inf at the ids of `bad_ids [B, K]`; entries < 0 change nothing (see SlotState.assign for the padding)."""
+    """-inf at the ids of `bad_ids [B, K]`, in place (`logits` is sampling_logits' own copy); entries < 0 change
+    nothing (see SlotState.assign for the padding)."""
     index = bad_ids.clamp(min=0)
     kept = logits.gather(1, index)
-    return logits.scatter(1, index, torch.where(bad_ids >= 0, float("-inf"), kept))
+    return logits.scatter_(1, index, torch.where(bad_ids >= 0, float("-inf"), kept))
 
 
 def top_k_top_p_keep(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
