@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import httpx
 import numpy as np
@@ -19,6 +20,8 @@ from conftest import PROMPT_ZH_TEXT
 from cosyvoice3_models import build_cosyvoice3_models
 from openai_api_process import api_process, decode, zh_voices
 from triton_stats import inference_count
+from waiting import scaled
+from websockets.sync.client import connect
 
 from tritontts.bench import triton_io
 from tritontts.openai_api.settings import parse_model_spec
@@ -94,6 +97,34 @@ def test_a_stream(api):
         data = b"".join(response.iter_raw())
     samples, _ = decode(data, "pcm", RATE)
     assert_speech(samples)
+
+
+def test_text_streamed_in_over_the_websocket_is_spoken_sentence_by_sentence(api):
+    """`WS /v1/audio/speech/stream` in front of CosyVoice3: text in small deltas, split at sentences, each
+    sentence spoken once complete, streamed as 24 kHz PCM frames."""
+    url = api.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    text = "身临其境。换新体验。"
+    with connect(url, additional_headers=headers, open_timeout=scaled(30), max_size=None) as ws:
+        config = {"type": "session.config", "model": "cosyvoice3", "voice": "zh", "response_format": "pcm"}
+        ws.send(json.dumps(config | {"stream_audio": True, "split_granularity": "sentence"}))
+        for start in range(0, len(text), 3):
+            ws.send(json.dumps({"type": "input.text", "text": text[start : start + 3]}))
+        ws.send(json.dumps({"type": "session.close"}))
+        events, frames = [], []
+        while not (events and events[-1].get("type") == "session.done"):
+            message = ws.recv(timeout=scaled(300))
+            if isinstance(message, bytes):
+                frames.append(message)
+            else:
+                events.append(json.loads(message))
+    kinds = [e["type"] for e in events]
+    assert kinds == ["session.created", *["audio.start", "audio.done"] * 2, "session.done"], events
+    assert [e["sentence_text"] for e in events if e["type"] == "audio.start"] == ["身临其境。", "换新体验。"]
+    assert events[0]["sample_rate"] == RATE and events[-1]["closed"] is True
+    samples = np.frombuffer(b"".join(frames), dtype=np.int16)
+    assert samples.size == sum(e["samples"] for e in events if e["type"] == "audio.done") > 0
+    assert len(frames) >= 2  # streamed: more than one PCM frame for two sentences
 
 
 def test_health_names_the_deployment(api):
