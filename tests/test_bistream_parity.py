@@ -17,6 +17,7 @@ import pytest
 import torch
 from cosyvoice2_models import build_cosyvoice2_models
 from fastapi.testclient import TestClient
+from test_llm_triton import grpc_infer
 
 from tritontts.checkpoint import read_state_dict, write_safetensors
 from tritontts.cosyvoice2.bistream import BistreamTokens, run_bistream
@@ -28,7 +29,7 @@ from tritontts.synthetic.cosyvoice2_llm import qwen2lm_state_dict, write_cosyvoi
 from tritontts.synthetic.cosyvoice3 import write_cosyvoice3_token2wav
 from tritontts.synthetic.cosyvoice3_llm import write_cosyvoice3_llm_files
 from tritontts.triton.llm_contract import SamplingParams as ContractParams
-from tritontts.triton.llm_contract import generated_tokens, llm_request_inputs
+from tritontts.triton.llm_contract import llm_request_inputs
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "bistream_golden.json").read_text())
 FAMILIES = {"cosyvoice2": BistreamTokens.cosyvoice2(), "cosyvoice3": BistreamTokens.cosyvoice3()}
@@ -151,27 +152,12 @@ def server(triton):
 def test_tensorrt_llm_contract_bistream_equals_upstream(server) -> None:
     """The session tritonserver's torch `tensorrt_llm` model (the CosyVoice2 checkpoint of the golden: tiny,
     seed 0, fp32 on CPU) over gRPC: segment requests with request_output_len, end_id and bad_words_list."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    client = grpcclient.InferenceServerClient(server.grpc_url)
 
     def run(ids: list[int], max_tokens: int, end_id: int, bad_ids: tuple[int, ...]) -> Iterator[int]:
         params = ContractParams(max_tokens=max_tokens, temperature=1.0, top_k=1, top_p=1.0)
         arrays = llm_request_inputs(np.asarray(ids), end_id, end_id, params, False, bad_ids=bad_ids)
-        inputs = []
-        for key, value in arrays.items():
-            tensor = grpcclient.InferInput(key, list(value.shape), np_to_triton_dtype(value.dtype))
-            tensor.set_data_from_numpy(value)
-            inputs.append(tensor)
-        result = client.infer(TRITON_LLM, inputs)
-        yield from generated_tokens(
-            result.as_numpy("output_ids"), result.as_numpy("sequence_length")
-        ).tolist()
+        yield from grpc_infer(server.grpc_url, TRITON_LLM, arrays)
 
-    try:
-        for name in ("p30_long_single", "p45_short_leftover"):
-            case = GOLDEN["families"]["cosyvoice2"][name]
-            assert bistream("cosyvoice2", case, run) == case["tokens"]
-    finally:
-        client.close()
+    for name in ("p30_long_single", "p45_short_leftover"):
+        case = GOLDEN["families"]["cosyvoice2"][name]
+        assert bistream("cosyvoice2", case, run) == case["tokens"]
