@@ -57,7 +57,7 @@ llm_device=auto                     # torch engine: auto | cuda | cpu
 llm_max_batch_size=16
 llm_max_seq_len=2560
 llm_cuda_graphs=true
-llm_compile=false                   # torch.compile one decoder layer and the sampling head (on an H100: 1.30 ms/step at batch 1, server up in ~100 s)
+llm_compile=auto                    # torch.compile one decoder layer and the sampling head (on an H100: 1.30 ms/step at batch 1, server up in ~100 s); auto: true on a GPU host (nvidia-smi, --llm_device not cpu), else false
 llm_decode_attention=auto           # torch engine decode steps' attention: auto (the fused Triton kernel on CUDA) | triton | torch
 llm_decode_linear=auto              # torch engine decode steps' projections at batch 1-64 (Triton kernels; the MLP's down projection at batch 1 only): auto (on CUDA) | triton | torch (cuBLAS)
 llm_stream_interval=auto            # torch engine, streaming: tokens per response; auto: 1 up to 16 running requests, then 1 more per 16 more (fewer sends per step under load)
@@ -77,7 +77,7 @@ grpc_port=8001
 metrics_port=8002
 triton_max_batch_size=16
 max_queue_delay_microseconds=0
-bls_instance_num=4
+bls_instance_num=auto               # BLS instances, each holding one request at a time: the streams a server takes at once; auto: 16 on a GPU host (as every measured layout), else 4
 audio_tokenizer_instance_num=1
 vocoder_instance_num=1
 vocoder_cuda_graphs=auto            # spark_tts: BiCodec's padded vocoder passes replayed from CUDA graphs: auto (on CUDA) | true | false
@@ -223,6 +223,15 @@ case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cac
 case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
+case "$llm_compile" in auto|true|false) ;; *) echo "run.sh: --llm_compile must be auto, true or false" >&2; exit 2 ;; esac
+[[ "$bls_instance_num" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --bls_instance_num must be auto or a positive integer" >&2; exit 2; }
+gpu_host=false   # what the auto defaults of serving follow
+if [ "$llm_device" != cpu ] && command -v nvidia-smi >/dev/null 2>&1; then gpu_host=true; fi
+serving_autos=()
+if [ "$llm_compile" = auto ]; then llm_compile=$gpu_host; serving_autos+=("--llm_compile $llm_compile"); fi
+if [ "$bls_instance_num" = auto ]; then
+  bls_instance_num=$([ "$gpu_host" = true ] && echo 16 || echo 4); serving_autos+=("--bls_instance_num $bls_instance_num")
+fi
 [[ "$server_cpu_threads" =~ ^(auto|[0-9]+)$ ]] || { echo "run.sh: --server_cpu_threads must be auto or a number of threads (0: the environment's)" >&2; exit 2; }
 [[ "$server_malloc_arena_max" =~ ^[0-9]+$ ]] || { echo "run.sh: --server_malloc_arena_max must be a number of arenas (0: the environment's)" >&2; exit 2; }
 if [ "$cuda_mps" = true ] && ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
@@ -514,6 +523,7 @@ fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   log "Stage 2: model repository $model_repo"
+  [ ${#serving_autos[@]} -eq 0 ] || log "serving defaults for $([ "$gpu_host" = true ] && echo "a GPU host" || echo "this CPU host"): ${serving_autos[*]} (auto)"
   rm -rf "$model_repo"
   mkdir -p "$model_repo"
   abs_model_dir=$(cd "$model_dir" && pwd)
