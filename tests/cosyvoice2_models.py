@@ -9,6 +9,7 @@ the one every request of that model sees.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from conftest import PROMPT_ZH, PROMPT_ZH_TEXT
@@ -31,6 +32,8 @@ TIME_BASED = PREFIX + "time_based"
 LLM_SLOTS = {"tensorrt_llm": 4, "tensorrt_llm_offline": 8}
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav")
 CHECKPOINT = "cosyvoice2_tiny"
+TEXT_INBOX = "text_inbox"
+"""bistream's text inbox (tritontts.triton.text_inbox), unprefixed: the BLS configs name it so"""
 
 
 def checkpoint_paths(data: Path) -> Cosyvoice2Paths:
@@ -48,6 +51,7 @@ def build_cosyvoice2_models(repo: Path, data: Path) -> None:
         ("cosyvoice2_offline", False, "tensorrt_llm_offline"),
     ):
         install_template(TEMPLATES, "cosyvoice2", repo, name, bls_values(model_dir, llm_dir, decoupled, llm))
+    install_text_inbox(repo)
     install_template(
         TEMPLATES,
         "cosyvoice2",
@@ -107,6 +111,14 @@ def bls_values(
         + ",".join(f"{role}_model:{name}" for role, name in leaves.items())
         + f",tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:"
     )
+
+
+def install_text_inbox(repo: Path) -> None:
+    """The `text_inbox` model as run.sh copies it (no template values; the name the BLS configs give)."""
+    if not (repo / TEXT_INBOX).exists():
+        shutil.copytree(
+            TEMPLATES / TEXT_INBOX, repo / TEXT_INBOX, ignore=shutil.ignore_patterns("__pycache__")
+        )
 
 
 def install_template(templates: Path, template: str, repo: Path, name: str, values: str) -> Path:

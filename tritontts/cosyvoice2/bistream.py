@@ -15,6 +15,7 @@ of the text the input that was last fed (the last speech token, usually) is fed 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tritontts.cosyvoice2 import tokens as cv2
@@ -217,16 +218,29 @@ def _text_ids(name: str, token_ids: Sequence[int], ids: BistreamTokens) -> list[
 def run_segment(plan: SegmentPlan, runner: SegmentRunner) -> Iterator[int | None]:
     """The segment's speech token ids as they come, then None if it ended at its end id."""
     count = 0
-    for token in runner(list(plan.input_ids), plan.max_new_tokens, plan.end_id, plan.bad_ids):
-        if token == plan.end_id:
-            yield None
-            return
-        yield token
-        count += 1
-        if count == plan.max_new_tokens:
-            return
+    with _closing(runner(list(plan.input_ids), plan.max_new_tokens, plan.end_id, plan.bad_ids)) as tokens:
+        for token in tokens:
+            if token == plan.end_id:
+                yield None
+                return
+            yield token
+            count += 1
+            if count == plan.max_new_tokens:
+                return
     if count < plan.max_new_tokens:
         yield None
+
+
+@contextmanager
+def _closing(tokens: Iterable[int]) -> Iterator[Iterator[int]]:
+    """The runner's tokens, closed (a request cut short, or abandoned, is cancelled) when the block is left."""
+    iterator = iter(tokens)
+    try:
+        yield iterator
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
 
 
 def run_bistream(
@@ -243,15 +257,18 @@ def run_bistream(
     def drain(plan: SegmentPlan | None) -> Iterator[int]:
         while plan is not None:
             generated, ended = [], False
-            for token in run_segment(plan, segment_runner):
-                if token is None:
-                    ended = True
-                    break
-                index = tokens.speech_index(token)
-                if index is None:
-                    raise ValueError(f"the LLM returned {token}, not a speech token, in a bistream segment")
-                generated.append(token)
-                yield index
+            with _closing(run_segment(plan, segment_runner)) as segment:
+                for token in segment:
+                    if token is None:
+                        ended = True
+                        break
+                    index = tokens.speech_index(token)
+                    if index is None:
+                        raise ValueError(
+                            f"the LLM returned {token}, not a speech token, in a bistream segment"
+                        )
+                    generated.append(token)
+                    yield index
             plan = schedule.segment_done(generated, ended)
 
     for delta in deltas:

@@ -112,6 +112,10 @@ class CosyVoice2Prompt:
         """`frontend_instruct2`: `<|sos|>`, the instruction, the target text, `<|task_id|>`; no speech tokens."""
         return [self.ids.sos, *self._encode(instruct_text), *self._encode(target_text), self.ids.task_id]
 
+    def text_ids(self, text: str) -> list[int]:
+        """`text` tokenized on its own, as upstream's front end tokenizes each piece of a text generator."""
+        return self._encode(text)
+
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 

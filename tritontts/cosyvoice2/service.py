@@ -23,13 +23,15 @@ the audio instead of the mel and embedding, and `embed` is not called.
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 import numpy as np
 import torch
 
+from tritontts.cosyvoice2.bistream import BistreamTokens, run_bistream
 from tritontts.cosyvoice2.frontend import (
     INPUT_SAMPLE_RATE,
     PROMPT_MEL,
@@ -176,15 +178,95 @@ class CosyVoice2Service:
         timer = StageTimer()
         voice = self.voice(request)
         timer.mark("frontend")
-        started = time.monotonic()
         pieces = self._generate_for(voice, request, streaming=True)
+        speech = (self.prompter.speech_tokens(ids.tolist()) for ids in pieces)
+        yield from self._vocoded(speech, pieces, voice, request_id, timer, on_first_chunk)
+
+    def stream_bistream(
+        self,
+        request: CosyVoice2Request,
+        deltas: Iterable[str],
+        tokens: BistreamTokens,
+        request_id: str,
+        on_first_chunk: FirstChunkStages | None = None,
+    ) -> Iterator[np.ndarray]:
+        """`stream` of an utterance whose text arrives as `deltas` while it is spoken (upstream's
+        `inference_bistream`; tritontts.cosyvoice2.bistream): each delta is tokenized on its own, without text
+        normalization, and the LLM runs as a chain of segment requests over `generate`. `request.target_text`,
+        when not empty, is the first delta. Modes: zero_shot (the transcript and the reference's speech tokens
+        prompt the schedule), cross_lingual (neither) and instruct2 (the instruction is the prompt text)."""
+        if self.generate_chat is not None:
+            raise RequestError(
+                "bistream_session",
+                "needs the LLM inside Triton: this BLS asks an OpenAI-compatible chat endpoint (llm_endpoint), "
+                "which takes no token-id prompts",
+            )
+        if self.prompter.ids.speech_base != tokens.speech_base:
+            raise RuntimeError(
+                f"bistream: the served LLM's speech tokens start at {self.prompter.ids.speech_base}, "
+                f"{tokens.family}'s at {tokens.speech_base}"
+            )
+        timer = StageTimer()
+        voice = self.voice(request)
+        timer.mark("frontend")
+        prompt_text, prompt_speech = {
+            "zero_shot": (voice.text, voice.speech_tokens),
+            "cross_lingual": ("", ()),
+            "instruct2": (request.instruct_text, ()),
+        }[request.mode]
+        sampling = self.sampling
+        if request.tokens is not None:
+            sampling = replace(sampling, max_tokens=request.tokens.max_tokens)
+
+        def segment(ids: list[int], max_tokens: int, end_id: int, bad_ids: tuple[int, ...]) -> Iterator[int]:
+            params = replace(
+                sampling,
+                max_tokens=max_tokens,
+                min_tokens=0,
+                end_id=end_id,
+                pad_id=end_id,
+                bad_token_ids=bad_ids,
+            )
+            pieces = self.generate(np.asarray(ids, dtype=np.int32), params, True)
+            try:
+                for piece in pieces:
+                    yield from (int(t) for t in piece)
+            finally:
+                close = getattr(pieces, "close", None)
+                if close is not None:
+                    close()
+
+        texts = [request.target_text] if request.target_text else []
+        text_ids = (self.prompter.text_ids(d) for d in itertools.chain(texts, deltas) if d)
+        speech = run_bistream(
+            text_ids,
+            segment,
+            tokens,
+            self.prompter.text_ids(prompt_text) if prompt_text else [],
+            [int(t) for t in prompt_speech],
+            sampling.max_tokens,
+        )
+        yield from self._vocoded(([t] for t in speech), speech, voice, request_id, timer, on_first_chunk)
+
+    def _vocoded(
+        self,
+        speech: Iterable[list[int]],
+        source: Iterator,
+        voice: Voice,
+        request_id: str,
+        timer: StageTimer,
+        on_first_chunk: FirstChunkStages | None,
+    ) -> Iterator[np.ndarray]:
+        """token2wav's chunks of the speech tokens as they come in pieces (`speech`, read from `source`, which is
+        closed at the end or when this generator is closed), on the stream schedule."""
+        started = time.monotonic()
         tokens: list[int] = []
         offset, index, hop = 0, 0, self.schedule.token_hop_len
         try:
-            for ids in pieces:
+            for piece in speech:
                 if index == 0 and "llm_first_token" not in timer.stages:
                     timer.mark("llm_first_token")
-                tokens += self.prompter.speech_tokens(ids.tolist())
+                tokens += piece
                 while len(tokens) >= offset + hop + self.schedule.pre_lookahead_len:
                     end = offset + hop + self.schedule.pre_lookahead_len
                     chunk = np.asarray(tokens[:end], dtype=np.int32)
@@ -199,7 +281,7 @@ class CosyVoice2Service:
                     hop = self.schedule.next_hop(index, offset, len(tokens), time.monotonic() - started)
                     index += 1
         finally:
-            close = getattr(pieces, "close", None)
+            close = getattr(source, "close", None)
             if close is not None:
                 close()
         if not tokens:

@@ -129,8 +129,10 @@ def generate_tokens(
     streaming: bool,
     decoupled: bool,
 ) -> Iterator[np.ndarray]:
-    """New token ids from a `tensorrt_llm`-contract model: every streamed piece, or the whole output once."""
-    inputs = llm_request_inputs(prompt_ids, end_id, pad_id, params, streaming)
+    """New token ids from a `tensorrt_llm`-contract model: every streamed piece, or the whole output once
+    (`params.bad_token_ids`, where it has them, go as `bad_words_list`)."""
+    bad_ids = getattr(params, "bad_token_ids", ())
+    inputs = llm_request_inputs(prompt_ids, end_id, pad_id, params, streaming, bad_ids=bad_ids)
     for out in stream_model(pb_utils, model, inputs, OUTPUT_NAMES, decoupled=decoupled):
         yield generated_tokens(out["output_ids"], out["sequence_length"])
 

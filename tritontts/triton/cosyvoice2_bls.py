@@ -24,6 +24,7 @@ from uuid import uuid4
 import numpy as np
 
 from tritontts.audio import AudioLimits
+from tritontts.cosyvoice2.bistream import BistreamTokens
 from tritontts.cosyvoice2.llm_http import ChatEndpoint, ChatSpeechClient
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, Decoding
 from tritontts.cosyvoice2.request import (
@@ -50,6 +51,7 @@ from tritontts.triton.sequence import call_flags
 from tritontts.triton.stream_sender import serve_stream
 from tritontts.triton.stub_objects import release_held
 from tritontts.triton.stubs import callee_monitor
+from tritontts.triton.text_inbox import open_inbox
 from tritontts.triton.voice_profile_io import (
     CheckpointMarker,
     answer_profile,
@@ -62,6 +64,32 @@ from tritontts.voice_profile import KIND_ARRAYS, VoiceProfile
 from tritontts.voice_store import voice_store
 
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm")
+
+
+BISTREAM_PARAMETER = "bistream_session"
+
+
+def checked_length(deltas: Iterator[str], first: str, limits: RequestLimits) -> Iterator[str]:
+    """The deltas, failing (naming `text`) once the session's text passes the BLS's `max_text_length`."""
+    total = len(first)
+    for delta in deltas:
+        total += len(delta)
+        if total > limits.max_text_length:
+            raise RequestError(
+                "text", f"the session's text passed {limits.max_text_length} characters (max_text_length)"
+            )
+        yield delta
+
+
+def idle_seconds(value: Any) -> float:
+    """The request parameter `bistream_idle_timeout_s` (a number, or a string of one) as seconds > 0."""
+    try:
+        seconds = float(value) if not isinstance(value, bool) else -1.0
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0:
+        raise RequestError("bistream_idle_timeout_s", f"must be a number of seconds > 0, got {value!r}")
+    return seconds
 
 
 class CosyVoiceBlsBase:
@@ -82,6 +110,8 @@ class CosyVoiceBlsBase:
     """token2wav makes its own prompt from the reference audio (CosyVoice2-DiT)"""
     transcript_optional: bool = False
     """a zero-shot reference may come without its transcript (CosyVoice3: the system part stands alone)"""
+    bistream_tokens: BistreamTokens | None = None
+    """the LLM ids of bistream requests (request parameter `bistream_session`); None: this BLS takes none"""
 
     def _read_settings(self, pb_utils: Any, args: dict[str, Any], leaves: dict[str, str]) -> dict[str, Any]:
         """Sets pb, decoupled, schedule, max_new_tokens, limits, models (role → Triton model, `leaves` giving
@@ -103,6 +133,7 @@ class CosyVoiceBlsBase:
             role: model_param(config, f"{role}_model", default=name) for role, name in leaves.items()
         }
         self.voice_cache_size = model_param(config, "voice_cache_size", int, default=256)
+        self.bistream_idle_timeout_s = model_param(config, "bistream_idle_timeout_s", float, default=30.0)
         self.text_normalization = model_param(config, "text_normalization", bool, default=False)
         self.normalizer = TextNormalizer()
         self.voice_store = voice_store(
@@ -163,13 +194,13 @@ class CosyVoiceBlsBase:
         embedding = optional_input(self.pb, request, "voice_spk_embedding", dtype=np.float32)
         return check_profile(ProfileInputs(tokens, feat, embedding), flow_prompt=not self.dit)
 
-    def _parse(self, request: Any) -> CosyVoice2Request:
+    def _parse(self, request: Any, target_text: str | None = None) -> CosyVoice2Request:
         parameters = request_parameters(request)
         instruct_text = optional_string(self.pb, request, "instruct_text")
         checked = check_request(
             self._wav(request),
             optional_string(self.pb, request, "reference_text"),
-            string_input(self.pb, request, "target_text"),
+            string_input(self.pb, request, "target_text") if target_text is None else target_text,
             self.limits,
             check_token_budget(parameters, self.max_new_tokens),
             check_mode(parameters.get("mode"), instruct_text),
@@ -202,8 +233,11 @@ class CosyVoiceBlsBase:
 
     def _offline(self, request: Any) -> Any:
         try:
-            if wants_profile(request_parameters(request)):
+            parameters = request_parameters(request)
+            if wants_profile(parameters):
                 return answer_profile(self.pb, request, False, lambda: self._profile(request))
+            if BISTREAM_PARAMETER in parameters:
+                raise RequestError(BISTREAM_PARAMETER, "needs the streaming (decoupled) model")
             audio = self.service.synthesize(self._parse(request), request.request_id() or uuid4().hex)
             return self.pb.InferenceResponse([self.pb.Tensor("waveform", audio.reshape(1, -1))])
         except Exception as err:
@@ -211,13 +245,37 @@ class CosyVoiceBlsBase:
 
     def _stream(self, request: Any) -> None:
         try:
-            profile = wants_profile(request_parameters(request))
+            parameters = request_parameters(request)
+            profile = wants_profile(parameters)
         except Exception:
-            profile = False  # the stream below reports the bad parameter
+            parameters, profile = {}, False  # the stream below reports the bad parameter
         if profile:
             answer_profile(self.pb, request, True, lambda: self._profile(request))
             return
+        if BISTREAM_PARAMETER in parameters:
+            serve_stream(self.pb, request, lambda: self._bistream_chunks(request, parameters))
+            return
         serve_stream(self.pb, request, lambda: self._chunks(request))
+
+    def _bistream_chunks(self, request: Any, parameters: dict[str, Any]) -> Iterator[np.ndarray]:
+        """A bistream request (docs/streaming-text.md, "Bistream"): an empty first response once the session's
+        text inbox exists (push text only after it), then the audio chunks of the text pushed to it, until its
+        final push. The inbox is removed when the request ends, however it ends."""
+        if self.bistream_tokens is None:
+            raise RequestError(BISTREAM_PARAMETER, "is not supported by this model")
+        session = parameters[BISTREAM_PARAMETER]
+        if not isinstance(session, str):
+            raise RequestError(BISTREAM_PARAMETER, "must be a string (a uuid4)")
+        idle = self.bistream_idle_timeout_s
+        if "bistream_idle_timeout_s" in parameters:  # a request may shorten the model's idle timeout
+            idle = min(idle_seconds(parameters["bistream_idle_timeout_s"]), idle)
+        target_text = string_input(self.pb, request, "target_text", default="")
+        parsed = self._parse(request, target_text or "-")  # the text is checked as it comes
+        parsed = replace(parsed, target_text=target_text)
+        with open_inbox(session) as inbox:
+            yield np.zeros(0, dtype=np.float32)
+            deltas = checked_length(inbox.deltas(idle, request.is_cancelled), target_text, self.limits)
+            yield from self.service.stream_bistream(parsed, deltas, self.bistream_tokens, uuid4().hex)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         return self.runner.execute(requests, self.decoupled, self._stream, self._offline)
@@ -234,6 +292,7 @@ class CosyVoice2Bls(CosyVoiceBlsBase):
     def __init__(self, pb_utils: Any, args: dict[str, Any], dit: bool = False) -> None:
         callee_monitor()  # its first read of /proc at load, not in the first request this instance serves
         self.dit = dit
+        self.bistream_tokens = BistreamTokens.cosyvoice2()
         self.profile_kind = "cosyvoice2_dit" if dit else "cosyvoice2"
         defaults = {role: role for role in LEAVES} | ({"token2wav": "token2wav_dit"} if dit else {})
         config = self._read_settings(pb_utils, args, defaults)
