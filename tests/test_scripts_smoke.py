@@ -59,6 +59,7 @@ RUN_BY = {
     "make_synthetic_checkpoint.py": "tests/test_synthetic_llm.py::test_full_checkpoint_layout_and_script",
     "make_wheelhouse.py": "tests/test_wheelhouse.py::test_stage_minus_one_installs_from_the_wheelhouse_with_no_index",
     "soak.py": "tests/test_bench_scripts_cpu.py::test_soak_collects_the_scenarios_and_scales_every_knob",
+    "soak_traffic.py": "tests/test_soak_traffic.py::test_soak_traffic_on_the_tiny_spark_api",
     "triton_server.py": "tests/test_triton_infra.py::test_cli_start_status_stop",
 }
 KERNEL_BENCH = "Triton kernels in CUDA graphs timed by CUDA events; {} runs them in Triton's CPU interpreter"
