@@ -19,7 +19,7 @@ from tritontts.openai_api.voice_request import TritonVoice, VoiceChoice, choose_
 from tritontts.openai_api.voices import VoiceStore
 from tritontts.text import TextNormalizer
 
-SESSION_ONLY = ("type", "api_key", "stream_audio", "split_granularity")
+SESSION_ONLY = ("type", "api_key", "stream_audio", "split_granularity", "bistream")
 PLACEHOLDER_INPUT = "-"
 """the `input` the REST checks need; the session's text comes in `input.text` messages"""
 
@@ -29,6 +29,8 @@ class StreamOptions(BaseModel):
 
     stream_audio: StrictBool = False
     split_granularity: Literal["none", "sentence", "clause"] = "none"
+    bistream: StrictBool = False
+    """our extension: each utterance is one request whose text is pushed as it comes (stream_bistream)"""
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class StreamSetup:
     stream_audio: bool
     granularity: str
     normalize: bool
+    bistream: bool = False
 
     @property
     def sample_rate(self) -> int:
@@ -95,6 +98,13 @@ async def configure(
             "stream_audio",
             "streaming_unavailable",
         )
+    if options.bistream and deployment.text_inbox is None:
+        raise bad_request(
+            f"model '{route.name}' takes no bistream sessions (its streaming Triton model names no "
+            "text_inbox_model: CosyVoice2 and CosyVoice2 + DiT do); leave bistream out",
+            "bistream",
+            "bistream_unavailable",
+        )
     choice = choose_voice(body, deployment)
     raw = await run_in_threadpool(triton_voice, choice, deployment, voices, PLACEHOLDER_INPUT)
     normalize = body.text_normalization
@@ -108,6 +118,7 @@ async def configure(
         options.stream_audio,
         options.split_granularity,
         normalize,
+        options.bistream,
     )
 
 

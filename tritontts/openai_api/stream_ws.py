@@ -23,6 +23,7 @@ from tritontts.json_body import JsonBodyError, parse_json_object
 from tritontts.openai_api.errors import ApiError
 from tritontts.openai_api.settings import Settings
 from tritontts.openai_api.stream_auth import key_matches, offered_key, refusal
+from tritontts.openai_api.stream_bistream import BistreamUtterance
 from tritontts.openai_api.stream_channel import (
     NORMAL,
     POLICY,
@@ -51,6 +52,8 @@ class Job:
     utterance: int
     text: str | None = None
     closes: bool = False
+    bistream: BistreamUtterance | None = None
+    """a bistream session's utterance, spoken as its text comes"""
 
 
 class SpeechStream:
@@ -73,6 +76,7 @@ class SpeechStream:
         self.busy = False
         self.closing = False
         self.utterance = 0
+        self.current: BistreamUtterance | None = None
         self.authorized = not settings.api_key
 
     async def run(self) -> None:
@@ -204,6 +208,7 @@ class SpeechStream:
                 "stream_audio": setup.stream_audio,
                 "split_granularity": setup.granularity,
             }
+            | ({"bistream": True} if setup.bistream else {})
         )
 
     def _queue(self, job: Job) -> None:
@@ -214,6 +219,9 @@ class SpeechStream:
         if not isinstance(text, str):
             raise problem("input.text needs 'text', a string", "invalid_value", "text")
         limit = self.settings.max_input_chars
+        if self.setup.bistream:
+            self._add_bistream_text(text, limit)
+            return
         if len(self.buffer.text) + self.queued_chars + len(text) > limit:
             raise problem(
                 f"more than {limit} characters would wait to be spoken; this text is dropped",
@@ -223,7 +231,18 @@ class SpeechStream:
         for sentence in self.buffer.push(text):
             self._queue(Job(self.utterance, sentence))
 
+    def _add_bistream_text(self, text: str, limit: int) -> None:
+        if self.current is None:
+            self.current = BistreamUtterance(self.triton, self.setup, self.settings.ws_idle_timeout_s)
+            self._queue(Job(self.utterance, bistream=self.current))
+        if len(self.current.text) + len(text) > limit:
+            raise problem(f"an utterance takes at most {limit} characters", "string_above_max_length", "text")
+        self.current.add(text)
+
     def _flush(self, closes: bool) -> None:
+        if self.current is not None:
+            self.current.finish()
+            self.current = None
         rest = self.buffer.flush()
         if rest:
             self._queue(Job(self.utterance, rest))
@@ -239,6 +258,10 @@ class SpeechStream:
             job = await self.jobs.get()
             self.busy = True
             try:
+                if job.bistream is not None:
+                    await job.bistream.speak(self.channel, job.utterance)
+                    spoken += 1
+                    continue
                 if job.text is None:
                     done = {
                         "type": "session.done",

@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpc_aio
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tritontts.bench import triton_io
 from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, overloaded, unavailable
@@ -60,6 +60,9 @@ class Deployment:
     max_text_length: int = DEFAULT_MAX_TEXT_LENGTH
     """the BLS's `max_text_length` parameter (the smallest of the route's models): the longest text segment the
     API sends in one request"""
+    text_inbox: str | None = None
+    """the streaming BLS's `text_inbox_model` parameter: it takes bistream requests, their text through that
+    model (docs/streaming-text.md, "Bistream"); None: no bistream"""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class _ModelInfo:
     modes: frozenset[str] = CLONE_ONLY
     profile_kind: str | None = None
     max_text_length: int = DEFAULT_MAX_TEXT_LENGTH
+    text_inbox: str | None = None
 
 
 def _parameter(config: dict, key: str) -> str:
@@ -168,6 +172,7 @@ class TritonTTS:
             modes or CLONE_ONLY,
             kind if kind in KIND_ARRAYS else None,
             _max_text_length(config),
+            _parameter(config, "text_inbox_model") or None,
         )
         self._models[name] = info
         return info
@@ -179,13 +184,16 @@ class TritonTTS:
         offline = next((n for n, i in zip(route.triton_models, infos) if i and not i.decoupled), None)
         if streaming is None and offline is None:
             raise unavailable(f"none of {', '.join(route.triton_models)} is ready on Triton at {self.url}")
-        overlap = 0
+        overlap, inbox = 0, None
         if streaming is not None:
             info = infos[route.triton_models.index(streaming)]
             overlap = int(round(info.overlap_seconds * route.sample_rate))
+            inbox = info.text_inbox
         info = next(i for i in infos if i)
         max_text_length = min(i.max_text_length for i in infos if i)
-        return Deployment(route, streaming, offline, overlap, info.modes, info.profile_kind, max_text_length)
+        return Deployment(
+            route, streaming, offline, overlap, info.modes, info.profile_kind, max_text_length, inbox
+        )
 
     def _request(
         self, model: str, arrays: dict[str, np.ndarray], parameters: dict | None, outputs: list | None = None
@@ -199,6 +207,24 @@ class TritonTTS:
             "parameters": merged or None,
             "timeout": self.queue_timeout_us,
         }
+
+    async def push_text(self, deployment: Deployment, session: str, text: str, final: bool) -> None:
+        """One push to a running bistream request's text inbox (the deployment's `text_inbox` model)."""
+        arrays = {
+            "session_id": np.array([session.encode()], dtype=object),
+            "text": np.array([text.encode("utf-8")], dtype=object),
+            "final": np.array([final], dtype=np.bool_),
+        }
+        inputs = []
+        for name, array in arrays.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        model = deployment.text_inbox or "text_inbox"
+        try:
+            await self.client.infer(model, inputs, client_timeout=self.request_timeout_s)
+        except InferenceServerException as err:
+            raise triton_error(err, self.retry_after_s) from None
 
     async def profile(self, deployment: Deployment, arrays: dict[str, np.ndarray]) -> VoiceProfile:
         """The BLS's profile of the reference in `arrays` (a `voice_profile` request; the offline model if any)."""
@@ -249,10 +275,15 @@ class TritonTTS:
         return triton_io.waveform(result)
 
     async def stream(
-        self, deployment: Deployment, arrays: dict[str, np.ndarray], parameters: dict | None = None
+        self,
+        deployment: Deployment,
+        arrays: dict[str, np.ndarray],
+        parameters: dict | None = None,
+        keep_empty: bool = False,
     ) -> AsyncIterator[np.ndarray]:
-        """The decoupled model's chunks as they come (overlapping; see StreamCrossfader). Closing the
-        iterator early cancels the Triton request."""
+        """The decoupled model's chunks as they come (overlapping; see StreamCrossfader), empty ones too with
+        `keep_empty` (a bistream request's first response). Closing the iterator early cancels the Triton
+        request."""
         if deployment.streaming_model is None:
             raise bad_request(
                 f"model '{deployment.route.name}' has no streaming (decoupled) model on Triton; "
@@ -274,7 +305,7 @@ class TritonTTS:
                 if error is not None:
                     raise triton_error(error, self.retry_after_s)
                 chunk = triton_io.waveform(result)
-                if chunk.size:
+                if chunk.size or keep_empty:
                     yield chunk
         except InferenceServerException as err:
             raise triton_error(err, self.retry_after_s) from None
