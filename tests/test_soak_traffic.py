@@ -4,6 +4,7 @@ front of the real tritonserver (tiny synthetic Spark-TTS), attached and detached
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -268,7 +269,9 @@ def test_soak_traffic_on_the_tiny_spark_api(spark_api, reference, tmp_path: Path
     }
     assert all(series[-1]["rss_mib"][label] > 0 for label in {f"tritonserver:{pid}", *stubs})
     assert result["monitor"]["stub_deaths"] == 0 and totals["stub_deaths"] == 0
-    assert result["monitor"]["processes"][next(iter(stubs))]["binary"].endswith("triton_python_backend_stub")
+    stub = result["monitor"]["processes"][next(iter(stubs))]
+    assert stub["binary"].endswith("triton_python_backend_stub")
+    assert stub["sha256"] == hashlib.sha256(Path(stub["binary"]).read_bytes()).hexdigest()[:16]
     verdicts = result["verdicts"]
     assert verdicts["zero_errors"] and verdicts["zero_stub_deaths"]
     assert (

@@ -9,6 +9,7 @@ that died or crashed (`scan_log`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -154,15 +155,31 @@ class Monitor:
     server_exits: list[dict] = field(default_factory=list)
     samples: int = 0
     _servers_seen: set[int] = field(default_factory=set)
+    _digests: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def _digest(self, pid: int) -> str | None:
+        """The first 16 hex digits of the sha256 of the file `pid` executes (/proc/<pid>/exe: the file it
+        started from, even when replaced since), cached by inode."""
+        try:
+            stat = os.stat(f"/proc/{pid}/exe")
+            key = (stat.st_dev, stat.st_ino)
+            if key not in self._digests:
+                with open(f"/proc/{pid}/exe", "rb") as exe:
+                    self._digests[key] = hashlib.file_digest(exe, "sha256").hexdigest()[:16]
+            return self._digests[key]
+        except (OSError, AttributeError):  # AttributeError: hashlib.file_digest is Python 3.11+
+            return None
 
     def _note(self, label: str, pid: int, model: str, now: float) -> None:
         entry = self.processes.get(label)
         if entry is None:
-            binary = (_argv(pid) or [""])[0]  # which stub (the wheel's, a built r24.12 one) or server binary
             entry = self.processes[label] = {
                 "pid": pid,
                 "model": model,
-                "binary": binary,
+                "binary": (_argv(pid) or [""])[0],
+                "sha256": self._digest(
+                    pid
+                ),  # which stub ran: run.sh copies the chosen one over the same path
                 "pids": [],
                 "first_seen": now,
             }
