@@ -348,6 +348,7 @@ write_cosyvoice2_models() {
   done
   [ -z "$endpoint" ] || llm_model=none
   cp -r "$templates/$bls_model" "$repo/"
+  [ "$mode" != streaming ] || [ -n "$endpoint" ] || cp -r "$templates/text_inbox" "$repo/"   # bistream's text deltas
   local bls_dir=""
   [ "$bls_model" = cosyvoice2_dit ] || bls_dir="model_dir:${abs_t2w_dir},"   # the DiT BLS has no cached speaker
   fill "$repo/$bls_model/config.pbtxt" \

@@ -252,7 +252,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parsed = _parse_repo(cosyvoice2_exp / "cosyvoice2" / f"model_repo_{backend}_{mode}")
-    assert set(parsed) == COSYVOICE2_MODELS
+    assert set(parsed) == COSYVOICE2_MODELS | ({"text_inbox"} if mode == "streaming" else set())  # bistream
     for name, config in parsed.items():
         assert config.name == name
     for name in ("cosyvoice2", "tensorrt_llm"):
@@ -312,7 +312,7 @@ def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(t
     checkpoint = (tmp_path / "cosyvoice2_dit" / "checkpoint").resolve()
     assert missing_files(checkpoint) == []
     parsed = _parse_repo(tmp_path / "cosyvoice2_dit" / "model_repo_torch_streaming")
-    assert set(parsed) == {"cosyvoice2_dit", "audio_tokenizer", "token2wav_dit", "tensorrt_llm"}
+    assert set(parsed) == {"cosyvoice2_dit", "audio_tokenizer", "token2wav_dit", "tensorrt_llm", "text_inbox"}
     bls = _parameters(parsed["cosyvoice2_dit"])
     assert (bls["audio_tokenizer_model"], bls["token2wav_model"], bls["tensorrt_llm_model"]) == (
         "audio_tokenizer",
