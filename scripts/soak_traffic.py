@@ -63,6 +63,7 @@ def get_parser() -> argparse.ArgumentParser:
         "--api-key", default=os.environ.get("TRITONTTS_API_KEY"), help="default: $TRITONTTS_API_KEY"
     )
     p.add_argument("--request-timeout", type=float, default=300)
+    p.add_argument("--wait-ready", type=float, default=300, help="seconds to wait for each API's /health")
     p.add_argument("--no-warmup", action="store_true", help="skip one untimed request per target and kind")
     p.add_argument("--memory-tolerance", type=float, default=0.05, help="flat memory: growth at most this")
     p.add_argument(
@@ -213,6 +214,7 @@ async def soak(args, argv: list[str]) -> dict:
             not args.no_warmup,
             kinds,
             started,
+            args.wait_ready,
         )
     except BaseException:
         stop.set()
@@ -301,7 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.detach:
         return detach(args, argv)
-    result = asyncio.run(soak(args, argv))
+    try:
+        result = asyncio.run(soak(args, argv))
+    except (
+        RuntimeError,
+        ValueError,
+        OSError,
+    ) as err:  # a target not ready, a missing reference: no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     t = result["totals"]
     print(
         f"requests {t['requests']}, errors {t['errors']}, cancelled {t['cancelled']}, stub deaths {t['stub_deaths']}; "

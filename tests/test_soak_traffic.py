@@ -22,6 +22,7 @@ from tritontts.bench.soak_load import Target, Voices, body
 from tritontts.bench.soak_monitor import Monitor, gpu_memory, scan_log
 from tritontts.bench.soak_windows import KINDS, Record, Windows, flat, totals_and_verdicts
 from tritontts.bench.stats import percentile
+from tritontts.triton.server import free_ports
 
 TRITON_MODELS = [build_spark_models]
 REPO = Path(__file__).resolve().parents[1]
@@ -310,6 +311,20 @@ def test_detached_soak_and_its_status(spark_api, reference, tmp_path: Path):
     assert run_tool("--status", "--output", str(tmp_path / "none.json")).returncode == 1
 
 
-def test_no_target_is_a_usage_error():
+def test_no_target_is_a_usage_error_and_a_dead_one_fails_after_the_wait(tmp_path: Path):
     done = run_tool("--seconds", "1", timeout=60)
     assert done.returncode == 2 and "--target" in done.stderr
+    (port,) = free_ports(1)
+    out = tmp_path / "dead.json"
+    args = (
+        "--target",
+        f"x=http://127.0.0.1:{port}",
+        "--wait-ready",
+        "2",
+        "--output",
+        str(out),
+        "--no-warmup",
+    )
+    done = run_tool(*args, "--kinds", "offline", timeout=60)
+    assert done.returncode == 1 and "not ready after 2.0 s" in done.stderr, done.stderr[-2000:]
+    assert "state: failed" in run_tool("--status", "--output", str(out), timeout=30).stdout

@@ -59,10 +59,27 @@ def headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def prepare(client: httpx.AsyncClient, target: Target, voices: Voices) -> dict:
-    """The target's sample rate from /health; its saved voice, added from the reference when missing."""
-    health = await client.get(f"{target.url}/health")
-    models = health.json().get("models", {})
+async def ready_models(client: httpx.AsyncClient, target: Target, wait_s: float) -> dict:
+    """/health's models once it answers 200 with the target's model ready, polled for up to `wait_s`."""
+    end, last = time.monotonic() + wait_s, "no answer"
+    while True:
+        try:
+            health = await client.get(f"{target.url}/health", timeout=10)
+            models = health.json().get("models", {})
+            if health.status_code == 200 and (models.get(target.model) or {}).get("ready", True):
+                return models
+            last = f"HTTP {health.status_code}: {health.text[:200]}"
+        except (httpx.HTTPError, ValueError) as err:
+            last = f"{type(err).__name__}: {err}"
+        if time.monotonic() >= end:
+            raise RuntimeError(f"{target.name}: {target.url} not ready after {wait_s} s ({last})")
+        await asyncio.sleep(1)
+
+
+async def prepare(client: httpx.AsyncClient, target: Target, voices: Voices, wait_s: float = 0) -> dict:
+    """The target's sample rate from /health (waiting up to `wait_s` for it to be ready); its saved voice, added
+    from the reference when missing."""
+    models = await ready_models(client, target, wait_s)
     if target.model not in models:
         raise RuntimeError(
             f"{target.name}: model '{target.model}' is not served at {target.url} ({sorted(models)})"
@@ -168,6 +185,7 @@ async def run_load(
     warmup: bool = True,
     kinds: tuple[str, ...] = KINDS,
     on_start: Callable[[float], None] | None = None,
+    wait_s: float = 0,
 ) -> dict:
     """Drives the targets for `seconds` (no new request after that; those in flight finish), each finished
     request to `sink` (its start_s counted from the load's start, after the warm-up, which `on_start` is given as
@@ -178,7 +196,7 @@ async def run_load(
     async with httpx.AsyncClient(
         headers=headers(api_key), timeout=httpx.Timeout(timeout, connect=30), limits=limits
     ) as client:
-        prepared = {t.name: await prepare(client, t, voices) for t in targets}
+        prepared = {t.name: await prepare(client, t, voices, wait_s) for t in targets}
         warm: list[dict] = []
         if warmup:  # every (target, kind) once, sequentially: the servers' first requests are not timed
             for target, kind in plan(targets, kinds):
