@@ -322,6 +322,7 @@ common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseco
 
 # The CosyVoice2 BLS and its leaf models (leaf_models) into repository $1; the BLS asks the OpenAI-compatible
 # server at URL $2 for speech tokens, or, when $2 is empty, the tensorrt_llm model of the same repository.
+text_inbox_template=model_repo_cosyvoice2/text_inbox   # both CosyVoice families' streaming repositories
 write_cosyvoice2_models() {
   local repo=$1 endpoint=$2 abs_model_dir abs_t2w_dir abs_llm_dir front pair role name leaves="" llm_model=tensorrt_llm
   abs_model_dir=$(cd "$model_dir" && pwd)
@@ -348,7 +349,7 @@ write_cosyvoice2_models() {
   done
   [ -z "$endpoint" ] || llm_model=none
   cp -r "$templates/$bls_model" "$repo/"
-  [ "$mode" != streaming ] || [ -n "$endpoint" ] || cp -r "$templates/text_inbox" "$repo/"   # bistream's text deltas
+  [ "$mode" != streaming ] || cp -r "$text_inbox_template" "$repo/"   # bistream's text deltas, beside the BLS
   local bls_dir=""
   [ "$bls_model" = cosyvoice2_dit ] || bls_dir="model_dir:${abs_t2w_dir},"   # the DiT BLS has no cached speaker
   fill "$repo/$bls_model/config.pbtxt" \
@@ -374,6 +375,7 @@ write_cosyvoice3_models() {
   fill "$repo/vocoder/config.pbtxt" \
     "model_dir:${abs_t2w_dir},${common},device:${model_device},instance_num:${vocoder_instance_num},max_seconds:${vocoder_max_seconds},cuda_graphs:${token2wav_cuda_graphs}"
   [ -z "$endpoint" ] || llm_model=none
+  [ "$mode" != streaming ] || cp -r "$text_inbox_template" "$repo/"
   fill "$repo/cosyvoice3/config.pbtxt" \
     "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"
 }

@@ -66,9 +66,9 @@ def test_stages_2_and_7_fill_repositories_for_both_llm_placements(tmp_path):
     run("7", "7", "streaming", "--disagg_start", "false", "--llm_port", "8123")
     checkpoint = (exp / "cosyvoice3" / "checkpoint").resolve()
     inside = _parse_repo(exp / "cosyvoice3" / "model_repo_torch_streaming")
-    assert set(inside) == MODELS | {"tensorrt_llm"}
+    assert set(inside) == MODELS | {"tensorrt_llm", "text_inbox"}  # text_inbox: bistream's text deltas
     behind = _parse_repo(exp / "cosyvoice3" / "model_repo_disagg_streaming")
-    assert set(behind) == MODELS
+    assert set(behind) == MODELS | {"text_inbox"}
     for parsed, llm_model, endpoint in (
         (inside, "tensorrt_llm", ""),
         (behind, "none", "http://127.0.0.1:8123/v1/chat/completions"),

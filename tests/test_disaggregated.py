@@ -122,6 +122,7 @@ def test_run_sh_stages_7_8_stream_over_two_token2wav_servers(tmp_path, bench_dat
         "audio_tokenizer",
         "cosyvoice2",
         "speaker_embedding",
+        "text_inbox",
         "token2wav",
     ]
     bls = bls_parameters(repo)
