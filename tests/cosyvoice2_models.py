@@ -2,7 +2,8 @@
 fill_template.py under `cosyvoice2_*` names so they share the server with Spark-TTS's models.
 
 `cosyvoice2` + `cosyvoice2_tensorrt_llm` are decoupled (streaming); `cosyvoice2_offline` +
-`cosyvoice2_tensorrt_llm_offline` are not. Both BLS models call the same `cosyvoice2_audio_tokenizer`,
+`cosyvoice2_tensorrt_llm_offline` are not. `cosyvoice2_http` (decoupled) asks an OpenAI-compatible LLM server at
+`LLM_HTTP_PORT` (`llm_endpoint`; the test module starts it). Both BLS models call the same `cosyvoice2_audio_tokenizer`,
 `cosyvoice2_speaker_embedding` and `cosyvoice2_token2wav`. Each BLS has one instance, so its voice cache is
 the one every request of that model sees.
 """
@@ -16,6 +17,7 @@ from conftest import PROMPT_ZH, PROMPT_ZH_TEXT
 from spark_models import COMMON, install
 
 from tritontts.synthetic.cosyvoice2 import Cosyvoice2Paths
+from tritontts.triton.server import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "model_repo_cosyvoice2"
@@ -34,6 +36,8 @@ LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav")
 CHECKPOINT = "cosyvoice2_tiny"
 TEXT_INBOX = "text_inbox"
 """bistream's text inbox (tritontts.triton.text_inbox), unprefixed: the BLS configs name it so"""
+HTTP_BLS = PREFIX + "http"
+(LLM_HTTP_PORT,) = free_ports(1)
 
 
 def checkpoint_paths(data: Path) -> Cosyvoice2Paths:
@@ -52,6 +56,14 @@ def build_cosyvoice2_models(repo: Path, data: Path) -> None:
     ):
         install_template(TEMPLATES, "cosyvoice2", repo, name, bls_values(model_dir, llm_dir, decoupled, llm))
     install_text_inbox(repo)
+    endpoint = f"http://127.0.0.1:{LLM_HTTP_PORT}/v1/chat/completions"
+    install_template(
+        TEMPLATES,
+        "cosyvoice2",
+        repo,
+        HTTP_BLS,
+        bls_values(model_dir, llm_dir, True, "none", endpoint=endpoint),
+    )
     install_template(
         TEMPLATES,
         "cosyvoice2",
@@ -83,14 +95,19 @@ def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: P
         f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,instance_num:1,cuda_graph_batch_sizes:1\\,2",
     )
     for llm, slots in LLM_SLOTS.items():
-        install_template(
-            LLM_TEMPLATES,
-            "tensorrt_llm_torch",
-            repo,
-            prefix + llm,
-            f"model_dir:{llm_dir},{COMMON},decoupled_mode:{llm == 'tensorrt_llm'},llm_max_batch_size:{slots},"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto",
-        )
+        install_llm_engine(repo, prefix + llm, llm_dir, llm == "tensorrt_llm", slots)
+
+
+def install_llm_engine(repo: Path, name: str, llm_dir: Path, decoupled: bool, slots: int) -> None:
+    """The torch LLM engine of `llm_dir` as Triton model `name` (CPU, float32)."""
+    install_template(
+        LLM_TEMPLATES,
+        "tensorrt_llm_torch",
+        repo,
+        name,
+        f"model_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
+        "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto",
+    )
 
 
 def bls_values(
@@ -100,8 +117,10 @@ def bls_values(
     llm: str,
     token2wav: str = "",
     strategy: str = CHUNK_STRATEGY,
+    endpoint: str = "",
 ) -> str:
-    """The `cosyvoice2` template's values for a BLS of this repository (`token2wav`: another token2wav model)."""
+    """The `cosyvoice2` template's values for a BLS of this repository (`token2wav`: another token2wav model;
+    `endpoint`: the `llm_endpoint`, with `llm` "none")."""
     leaves = {leaf: f"{PREFIX}{leaf}" for leaf in LEAVES} | ({"token2wav": token2wav} if token2wav else {})
     return (
         f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},"
@@ -109,7 +128,7 @@ def bls_values(
         f"dynamic_chunk_strategy:{strategy},max_new_tokens:{MAX_NEW_TOKENS},"
         f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
         + ",".join(f"{role}_model:{name}" for role, name in leaves.items())
-        + f",tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:"
+        + f",tensorrt_llm_model:{'none' if endpoint else PREFIX + llm},llm_endpoint:{endpoint}"
     )
 
 

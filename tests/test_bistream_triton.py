@@ -80,7 +80,9 @@ def push(client, session: str, text: str, final: bool = False) -> None:
 class Bistream:
     """One bistream request to the BLS over a gRPC stream; `responses` gets (waveform or None, error)."""
 
-    def __init__(self, client, parameters: dict | None = None, target_text: str = "") -> None:
+    def __init__(
+        self, client, parameters: dict | None = None, target_text: str = "", model: str = BLS
+    ) -> None:
         import tritonclient.grpc as grpcclient
 
         self.client, self.session = client, uuid.uuid4().hex
@@ -90,7 +92,7 @@ class Bistream:
         target.set_data_from_numpy(np.array([[target_text.encode()]], dtype=object))
         params = {"bistream_session": self.session, "mode": "cross_lingual"} | (parameters or {})
         client.async_stream_infer(
-            BLS, [target], request_id=self.session, parameters=params, enable_empty_final_response=True
+            model, [target], request_id=self.session, parameters=params, enable_empty_final_response=True
         )
 
     def next(self, timeout: float = 300) -> np.ndarray:
@@ -118,7 +120,15 @@ def expected_tokens(server, client, deltas: list[str]) -> list[int]:
     """The BLS's speech tokens by our schedule over gRPC segment requests with its sampling (cross_lingual)."""
     paths = checkpoint_paths(server.repo.parent / "data" / build_cosyvoice2_models.__name__)
     prompter = CosyVoice2Prompt.from_llm_dir(paths.llm_dir)
-    decoding = Decoding(max_tokens=MAX_NEW_TOKENS)
+    return llm_level_tokens(client, LLM, prompter, BistreamTokens.cosyvoice2(), deltas, "", MAX_NEW_TOKENS)
+
+
+def llm_level_tokens(
+    client, llm: str, prompter, tokens: BistreamTokens, deltas: list[str], prompt_text: str, max_tokens: int
+) -> list[int]:
+    """`run_bistream`'s speech tokens over gRPC segment requests to the offline `llm` with a BLS's sampling
+    (`prompter` tokenizes like that BLS; `prompt_text`: its mode's prompt text)."""
+    decoding = Decoding(max_tokens=max_tokens)
 
     def run(ids: list[int], max_tokens: int, end_id: int, bad_ids: tuple[int, ...]) -> Iterator[int]:
         params = ContractParams(max_tokens, decoding.temperature, decoding.top_k, decoding.top_p,
@@ -132,13 +142,14 @@ def expected_tokens(server, client, deltas: list[str]) -> list[int]:
             tensor = grpcclient.InferInput(key, list(value.shape), np_to_triton_dtype(value.dtype))
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
-        result = client.infer(LLM, inputs)
+        result = client.infer(llm, inputs)
         yield from generated_tokens(
             result.as_numpy("output_ids"), result.as_numpy("sequence_length")
         ).tolist()
 
     deltas_ids = [prompter.text_ids(d) for d in deltas]
-    return list(run_bistream(deltas_ids, run, BistreamTokens.cosyvoice2(), [], [], MAX_NEW_TOKENS))
+    prompt_ids = prompter.bistream_prompt_ids(prompt_text)
+    return list(run_bistream(deltas_ids, run, tokens, prompt_ids, [], max_tokens))
 
 
 def test_audio_comes_while_the_text_is_still_being_pushed(server, client):

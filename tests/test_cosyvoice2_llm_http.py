@@ -155,3 +155,91 @@ def test_service_uses_generate_chat_with_texts_tokens_and_budget(prompter):
     reference_text, target_text, tokens, sampling, streaming = calls[0]
     assert (reference_text, target_text, tokens, streaming) == ("cached text ", "hello", [3, 1], False)
     assert (sampling.min_tokens, sampling.max_tokens) == (2, 2)
+
+
+COMPLETION_SAMPLING = SamplingParams(
+    max_tokens=15, temperature=0.8, top_k=25, top_p=0.8, seed=42, end_id=9, bad_token_ids=(7, 8)
+)
+
+
+def completion_body(pieces: list[str]) -> bytes:
+    events = [{"choices": [{"index": 0, "text": piece, "finish_reason": None}]} for piece in pieces]
+    return "".join([f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"]).encode()
+
+
+def completions_client(handler, url: str = URL, param: str = "llm_api_base") -> ChatSpeechClient:
+    transport = httpx.MockTransport(handler)
+    return ChatSpeechClient(ChatEndpoint(url, param=param), httpx.Client(transport=transport))
+
+
+def test_bistream_segments_go_to_completions_beside_the_chat_url():
+    assert ChatEndpoint(URL).completions_url == "http://llm.test/v1/completions"
+    assert (
+        ChatEndpoint("https://h:1/x/v1/chat/completions/?a=1").completions_url
+        == "https://h:1/x/v1/completions?a=1"
+    )
+    with pytest.raises(RuntimeError, match="llm_endpoint: http://llm.test/generate does not end in"):
+        _ = ChatEndpoint("http://llm.test/generate").completions_url
+
+
+def test_complete_sends_a_token_id_segment_and_reads_speech_ids():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((str(request.url), json.loads(request.content)))
+        return httpx.Response(200, content=completion_body(["<|s_5|><|s", "_6|>", "", "<|s_7|>"]))
+
+    ids = list(completions_client(handler).complete([1, 2, 3], COMPLETION_SAMPLING, "<|eos3|>", 1000))
+    assert ids == [1005, 1006, 1007]
+    url, body = seen[0]
+    assert url == "http://llm.test/v1/completions"
+    assert body == {
+        "model": "trt_engines_bfloat16",
+        "prompt": [1, 2, 3],
+        "max_tokens": 15,
+        "temperature": 0.8,
+        "top_p": 0.8,
+        "top_k": 25,
+        "repetition_penalty": 1.0,
+        "stop": ["<|eos3|>"],
+        "stop_token_ids": [9],
+        "ignore_eos": True,
+        "logit_bias": {"7": -100, "8": -100},
+        "stream": True,
+        "seed": 42,
+    }
+
+
+def test_complete_ends_at_a_stop_text_the_server_sends():
+    body = completion_body(["<|s_1|><|eo", "s3|><|s_2|>"])
+    handler = lambda request: httpx.Response(200, content=body)  # noqa: E731
+    assert list(completions_client(handler).complete([1], COMPLETION_SAMPLING, "<|eos3|>", 0)) == [1]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (completion_body(["<|s_1|>hello"]), "not <|s_N|> tokens: 'hello'"),
+        (completion_body(["<|s_1|><|s_2"]), "ends inside a token"),
+        (b'data: {"error": {"message": "boom"}}\n\ndata: [DONE]\n\n', 'an error event: {"message": "boom"}'),
+        (b"data: {oops\n\n", "not JSON"),
+        (b'data: {"choices": [{"text": 5}]}\n\n', "text is not a string"),
+    ],
+)
+def test_a_bad_completion_stream_is_an_error_naming_the_parameter(body, message):
+    client = completions_client(lambda request: httpx.Response(200, content=body))
+    with pytest.raises(
+        RuntimeError, match=r"llm_api_base: LLM endpoint http://llm.test/v1/completions: .*"
+    ) as caught:
+        list(client.complete([1], COMPLETION_SAMPLING, "<|eos3|>", 0))
+    assert message in str(caught.value)
+
+
+def test_a_failed_completions_endpoint_names_the_parameter_and_status():
+    client = completions_client(
+        lambda request: httpx.Response(404, text="no such route"), param="llm_endpoint"
+    )
+    with pytest.raises(
+        RuntimeError, match="llm_endpoint: LLM endpoint .*/v1/completions answered HTTP 404: no such"
+    ):
+        list(client.complete([1], COMPLETION_SAMPLING, "<|eos3|>", 0))

@@ -116,6 +116,10 @@ class CosyVoice2Prompt:
         """`text` tokenized on its own, as upstream's front end tokenizes each piece of a text generator."""
         return self._encode(text)
 
+    def bistream_prompt_ids(self, prompt_text: str) -> list[int]:
+        """A bistream's prompt text (transcript or instruction; "" in cross_lingual) as the schedule's ids."""
+        return self._encode(prompt_text) if prompt_text else []
+
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 

@@ -7,6 +7,8 @@ The callables it is given reach the other models (through BLS calls under Triton
 - `generate(prompt_ids, sampling, streaming) -> Iterator[int32 ids]`: the LLM's new ids, in one piece or streamed;
 - or `generate_chat(reference_text, target_text, prompt_speech_tokens, sampling, streaming)`, the same ids from
   an LLM that builds its prompt itself (an OpenAI-compatible chat endpoint), used instead of `generate`;
+- with it, `complete(prompt_ids, sampling) -> Iterator[int]`: that server's new ids for a token-id prompt
+  (`/v1/completions`), which bistream's segment requests use instead of `generate`;
 - `token2wav(tokens, voice, token_offset, finalize, stream_id) -> float32 audio`: tokens 0..6560 so far; with
   `token_offset None` one offline call, else one call of a stream (upstream's `token2wav` inputs).
 
@@ -67,6 +69,7 @@ Tokenize = Callable[[np.ndarray], np.ndarray]
 Embed = Callable[[np.ndarray], np.ndarray]
 Generate = Callable[[np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
 GenerateChat = Callable[[str, str, np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
+Complete = Callable[[list[int], SamplingParams], Iterator[int]]
 Token2WavCall = Callable[[np.ndarray, Voice, "int | None", "bool | None", str], np.ndarray]
 FirstChunkStages = Callable[[dict[str, float]], None]
 FIRST_CHUNK_STAGES = ("frontend", "llm_first_token", "llm_chunk_tokens", "token2wav")
@@ -91,8 +94,10 @@ class CosyVoice2Service:
         flow_prompt: bool = True,
         prompt_mel: MatchaMelConfig = PROMPT_MEL,
         voice_store: SharedVoiceStore[Voice] | None = None,
+        complete: Complete | None = None,
     ) -> None:
         self.prompter = prompter
+        self.complete = complete
         self.tokenize = tokenize
         self.embed = embed
         self.generate = generate
@@ -192,14 +197,16 @@ class CosyVoice2Service:
     ) -> Iterator[np.ndarray]:
         """`stream` of an utterance whose text arrives as `deltas` while it is spoken (upstream's
         `inference_bistream`; tritontts.cosyvoice2.bistream): each delta is tokenized on its own, without text
-        normalization, and the LLM runs as a chain of segment requests over `generate`. `request.target_text`,
-        when not empty, is the first delta. Modes: zero_shot (the transcript and the reference's speech tokens
-        prompt the schedule), cross_lingual (neither) and instruct2 (the instruction is the prompt text)."""
-        if self.generate_chat is not None:
+        normalization, and the LLM runs as a chain of segment requests over `generate`, or `complete` when the
+        LLM is a server elsewhere. `request.target_text`, when not empty, is the first delta. Modes: zero_shot
+        (the transcript and the reference's speech tokens prompt the schedule), cross_lingual (neither) and
+        instruct2 (the instruction is the prompt text); the prompter gives the prompt text's ids
+        (`bistream_prompt_ids`: CosyVoice3's carry its system part)."""
+        if self.generate_chat is not None and self.complete is None:
             raise RequestError(
                 "bistream_session",
-                "needs the LLM inside Triton: this BLS asks an OpenAI-compatible chat endpoint (llm_endpoint), "
-                "which takes no token-id prompts",
+                "needs token-id prompts: this BLS asks an OpenAI-compatible chat endpoint and has no "
+                "completions endpoint",
             )
         if self.prompter.ids.speech_base != tokens.speech_base:
             raise RuntimeError(
@@ -227,6 +234,11 @@ class CosyVoice2Service:
                 pad_id=end_id,
                 bad_token_ids=bad_ids,
             )
+            if self.complete is not None:
+                return self.complete(ids, params)
+            return generated_ids(ids, params)
+
+        def generated_ids(ids: list[int], params: SamplingParams) -> Iterator[int]:
             pieces = self.generate(np.asarray(ids, dtype=np.int32), params, True)
             try:
                 for piece in pieces:
@@ -242,7 +254,7 @@ class CosyVoice2Service:
             text_ids,
             segment,
             tokens,
-            self.prompter.text_ids(prompt_text) if prompt_text else [],
+            self.prompter.bistream_prompt_ids(prompt_text),
             [int(t) for t in prompt_speech],
             sampling.max_tokens,
         )

@@ -12,6 +12,10 @@ Voice modes and profiles are CosyVoice2's (request parameter `mode`, input `inst
 parameter `voice_profile`; see tritontts.triton.cosyvoice2_bls) with CosyVoice3's prompt forms: an instruction is
 put in the system part (`"You are a helpful assistant. <instruction><|endofprompt|>"`) unless written that way,
 and a zero-shot reference may come without its transcript, as upstream's BLS allows.
+
+Bistream (request parameter `bistream_session`, streaming only; docs/streaming-text.md) is CosyVoice2's with
+CosyVoice3's ids (`BistreamTokens.cosyvoice3()`) and prompt text (its system part up to `<|endofprompt|>` right
+after `<|sos|>`); with `llm_api_base` its segments go to that server's `/v1/completions`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from uuid import uuid4
 
 import numpy as np
 
+from tritontts.cosyvoice2.bistream import BistreamTokens
 from tritontts.cosyvoice2.llm_http import ChatEndpoint, ChatSpeechClient
 from tritontts.cosyvoice2.prompt import Decoding
 from tritontts.cosyvoice2.request import Voice
@@ -56,6 +61,7 @@ class CosyVoice3Bls(CosyVoiceBlsBase):
 
     def __init__(self, pb_utils: Any, args: dict[str, Any]) -> None:
         callee_monitor()  # its first read of /proc at load, not in the first request this instance serves
+        self.bistream_tokens = BistreamTokens.cosyvoice3()
         config = self._read_settings(pb_utils, args, {role: role for role in LEAVES})
         llm_dir = Path(model_param(config, "llm_tokenizer_dir"))
         self.prompter = CosyVoice3Prompt.from_llm_dir(llm_dir)
@@ -63,7 +69,7 @@ class CosyVoice3Bls(CosyVoiceBlsBase):
         self.checkpoint = CheckpointMarker(llm_dir.parent, exclude=[llm_dir])
         model_dir = Path(model_param(config, "model_dir"))
         endpoint = model_param(config, "llm_api_base", default="")
-        self.llm_http = ChatSpeechClient(ChatEndpoint(endpoint)) if endpoint else None
+        self.llm_http = ChatSpeechClient(ChatEndpoint(endpoint, param="llm_api_base")) if endpoint else None
         self.service = CosyVoice2Service(
             self.prompter,  # type: ignore[arg-type]  (CosyVoice2Prompt's interface)
             self._tokenize,
@@ -78,6 +84,7 @@ class CosyVoice3Bls(CosyVoiceBlsBase):
             generate_chat=None if self.llm_http is None else self._generate_chat,
             prompt_mel=load_cosyvoice3_config(model_dir).prompt_mel,
             voice_store=self.voice_store,
+            complete=None if self.llm_http is None else self._complete,
         )
         self.streams: dict[str, _Stream] = {}
         self.lock = threading.Lock()
@@ -148,9 +155,15 @@ class CosyVoice3Bls(CosyVoiceBlsBase):
     def _instruction(self, text: str) -> str:
         return instruct_text(text)
 
-    def _chunks(self, request: Any) -> Iterator[np.ndarray]:
-        stream_id = uuid4().hex
+    def _streamed(self, stream_id: str, chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        """The chunks; the stream's accumulated mel is dropped however the stream ends."""
         try:
-            yield from self.service.stream(self._parse(request), stream_id, self.first_chunks.add)
+            yield from chunks
         finally:
             self._forget(stream_id)
+
+    def _chunks(self, request: Any) -> Iterator[np.ndarray]:
+        stream_id = uuid4().hex
+        yield from self._streamed(
+            stream_id, self.service.stream(self._parse(request), stream_id, self.first_chunks.add)
+        )

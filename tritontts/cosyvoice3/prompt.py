@@ -93,6 +93,16 @@ class CosyVoice3Prompt:
         ids = [self.ids.sos, *self._encode(instruct_text(instruction)), *self._encode(target_text)]
         return [*ids, self.ids.task_id]
 
+    def text_ids(self, text: str) -> list[int]:
+        """`text` tokenized on its own, as upstream's front end tokenizes each piece of a text generator."""
+        return self._encode(text)
+
+    def bistream_prompt_ids(self, prompt_text: str) -> list[int]:
+        """A bistream's prompt text with upstream's BLS's default system part unless it carries
+        `<|endofprompt|>` (an instruction in the instruct form does; cross_lingual's "" is the system part
+        alone), tokenized in one piece: the schedule feeds it up to `<|endofprompt|>` right after `<|sos|>`."""
+        return self._encode(with_system_prompt(prompt_text))
+
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 

@@ -101,7 +101,7 @@ async def configure(
     if options.bistream and deployment.text_inbox is None:
         raise bad_request(
             f"model '{route.name}' takes no bistream sessions (its streaming Triton model names no "
-            "text_inbox_model: CosyVoice2 and CosyVoice2 + DiT do); leave bistream out",
+            "text_inbox_model: CosyVoice2, CosyVoice2 + DiT and CosyVoice3 do); leave bistream out",
             "bistream",
             "bistream_unavailable",
         )

@@ -4,7 +4,7 @@ One class serves both Triton models of the family: `cosyvoice2` (token2wav = flo
 here) and `cosyvoice2_dit` (token2wav_dit, which takes the reference audio and makes its own prompt, as
 upstream's). The LLM is the server's `tensorrt_llm` model, or, with the parameter `llm_endpoint` (the URL of an
 OpenAI-compatible `/v1/chat/completions`, such as trtllm-serve's), an LLM server elsewhere (disaggregated
-serving).
+serving); bistream requests then go to that server's `/v1/completions` (token-id prompts).
 
 Beyond upstream's inputs: the request parameter `mode` (zero_shot, cross_lingual, instruct2) with the input
 `instruct_text`; a saved voice's profile (`voice_speech_tokens`, and for the flow `voice_speech_feat`,
@@ -161,6 +161,18 @@ class CosyVoiceBlsBase:
         out = call_model(self.pb, model, {"reference_wav": wav.reshape(1, -1)}, ["prompt_spk_embedding"])
         return out["prompt_spk_embedding"].reshape(-1)
 
+    def _complete(self, prompt_ids: list[int], params: Any) -> Iterator[int]:
+        """A bistream segment over the LLM server's `/v1/completions` (the service's `complete`)."""
+        assert self.llm_http is not None
+        stop = self.prompter.tokenizer.id_to_token(params.end_id)
+        if stop is None:
+            raise RuntimeError(f"bistream: the LLM tokenizer has no token {params.end_id}")
+        return self.llm_http.complete(prompt_ids, params, stop, self.prompter.ids.speech_base)
+
+    def _streamed(self, stream_id: str, chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        """A stream's audio chunks (`stream_id`: its token2wav stream); CosyVoice3 drops its state at the end."""
+        return chunks
+
     def _generate(self, prompt_ids: np.ndarray, params: Any, streaming: bool) -> Any:
         llm = self.models["tensorrt_llm"]
         return generate_tokens(
@@ -272,10 +284,12 @@ class CosyVoiceBlsBase:
         target_text = string_input(self.pb, request, "target_text", default="")
         parsed = self._parse(request, target_text or "-")  # the text is checked as it comes
         parsed = replace(parsed, target_text=target_text)
+        stream_id = uuid4().hex
         with open_inbox(session) as inbox:
             yield np.zeros(0, dtype=np.float32)
             deltas = checked_length(inbox.deltas(idle, request.is_cancelled), target_text, self.limits)
-            yield from self.service.stream_bistream(parsed, deltas, self.bistream_tokens, uuid4().hex)
+            chunks = self.service.stream_bistream(parsed, deltas, self.bistream_tokens, stream_id)
+            yield from self._streamed(stream_id, chunks)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         return self.runner.execute(requests, self.decoupled, self._stream, self._offline)
@@ -301,7 +315,7 @@ class CosyVoice2Bls(CosyVoiceBlsBase):
         # the front-end models read the checkpoint beside the LLM (CosyVoice2-0.5B/, Step-Audio-2-mini/)
         self.checkpoint = CheckpointMarker(llm_dir.parent, exclude=[llm_dir])
         endpoint = model_param(config, "llm_endpoint", default="")
-        self.llm_http = ChatSpeechClient(ChatEndpoint(endpoint)) if endpoint else None
+        self.llm_http = ChatSpeechClient(ChatEndpoint(endpoint, param="llm_endpoint")) if endpoint else None
         self.service = CosyVoice2Service(
             self.prompter,
             self._tokenize,
@@ -316,6 +330,7 @@ class CosyVoice2Bls(CosyVoiceBlsBase):
             generate_chat=None if self.llm_http is None else self.llm_http.generate,
             flow_prompt=not dit,
             voice_store=self.voice_store,
+            complete=None if self.llm_http is None else self._complete,
         )
         self._start(pb_utils, args, config)
 
