@@ -75,6 +75,32 @@ class RunningTriton:
         client.close()
         return self
 
+    def unload(self, *names: str) -> None:
+        """Unload models this session loaded (a module's UNLOAD_AFTER), waiting until each is gone."""
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
+        try:
+            for name in names:
+                if name in self.loaded:
+                    client.unload_model(name)
+                    self.loaded.discard(name)
+        finally:
+            client.close()
+
+
+_SESSION_SERVERS: list[RunningTriton] = []  # the session's server once the `triton` fixture started it
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _unload_after_module(request: pytest.FixtureRequest):
+    """A module's UNLOAD_AFTER models leave the session server after its last test: models no other module
+    loads, so the session's memory (near the CI machine's limit) does not keep them to the end."""
+    yield
+    names = getattr(request.module, "UNLOAD_AFTER", ())
+    if names and _SESSION_SERVERS:
+        _SESSION_SERVERS[0].unload(*names)
+
 
 def _module_entries(items: list[pytest.Item]) -> list[Path | Callable]:
     entries: list[Path | Callable] = []
@@ -129,8 +155,11 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     start_with_server_threads(server)
     try:
         server.wait_ready(timeout=scaled(120))
-        yield RunningTriton(server=server, repo=repo)
+        running = RunningTriton(server=server, repo=repo)
+        _SESSION_SERVERS.append(running)
+        yield running
     finally:
+        _SESSION_SERVERS.clear()
         server.stop(grace_s=15)
         kill_leftover_stubs(repo)
 

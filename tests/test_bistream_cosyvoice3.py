@@ -45,6 +45,7 @@ pytestmark = pytest.mark.slow
 BLS, HTTP_BLS = BISTREAM_BLS, BISTREAM_HTTP_BLS
 LLM = PREFIX + "speech_llm_offline"
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder", "speech_llm", "speech_llm_offline")
+UNLOAD_AFTER = (PREFIX + "speech_llm", PREFIX + "speech_llm_offline", BLS, HTTP_BLS)  # this module's own
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from test_bistream_triton import DELTAS, SAMPLES_PER_TOKEN, Bistream, expected_t
 TRITON_MODELS = [build_cosyvoice2_models]
 pytestmark = pytest.mark.slow
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm_offline")
+UNLOAD_AFTER = (HTTP_BLS,)  # this module's own
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +43,19 @@ def client(server):
 
 
 def speak(client) -> list[np.ndarray]:
+    """The stream's audio; a session the BLS ended early (its LLM failed) refuses the pushes after that, and
+    the stream then carries the BLS's error."""
+    from tritonclient.utils import InferenceServerException
+
     stream = Bistream(client, model=HTTP_BLS)
     try:
         assert stream.next().size == 0
-        for delta in DELTAS:
-            push(client, stream.session, delta)
-        push(client, stream.session, "", final=True)
+        try:
+            for delta in DELTAS:
+                push(client, stream.session, delta)
+            push(client, stream.session, "", final=True)
+        except InferenceServerException as refused:
+            assert "no bistream session" in str(refused)
         return stream.rest()
     finally:
         client.stop_stream()
