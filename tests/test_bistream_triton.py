@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from cosyvoice2_models import MAX_NEW_TOKENS, PREFIX, TEXT_INBOX, build_cosyvoice2_models, checkpoint_paths
+from triton_stream import make_inputs
 from waiting import scaled
 
 from tritontts.cosyvoice2.bistream import BistreamTokens, run_bistream
@@ -134,15 +135,7 @@ def llm_level_tokens(
         params = ContractParams(max_tokens, decoding.temperature, decoding.top_k, decoding.top_p,
                                 decoding.repetition_penalty, 0, decoding.seed)  # fmt: skip
         arrays = llm_request_inputs(np.asarray(ids), end_id, end_id, params, False, bad_ids=bad_ids)
-        import tritonclient.grpc as grpcclient
-        from tritonclient.utils import np_to_triton_dtype
-
-        inputs = []
-        for key, value in arrays.items():
-            tensor = grpcclient.InferInput(key, list(value.shape), np_to_triton_dtype(value.dtype))
-            tensor.set_data_from_numpy(value)
-            inputs.append(tensor)
-        result = client.infer(llm, inputs)
+        result = client.infer(llm, make_inputs(arrays))
         yield from generated_tokens(
             result.as_numpy("output_ids"), result.as_numpy("sequence_length")
         ).tolist()

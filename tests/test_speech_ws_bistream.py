@@ -16,6 +16,7 @@ from cosyvoice2_models import PREFIX, TEXT_INBOX, build_cosyvoice2_models
 from openai_api_process import api_process, zh_voices
 from reliability_models import wait_engine_idle
 from spark_models import build_spark_models
+from test_bistream_triton import DELTAS
 from waiting import scaled
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -27,18 +28,6 @@ TRITON_MODELS = [build_cosyvoice2_models, build_spark_models]
 pytestmark = pytest.mark.slow
 INSTRUCT = {"instructions": "用开心的语气说"}
 """instruct2: no prompt speech for the text to cover first, so the tiny LLM speaks after 5 text tokens"""
-DELTAS = [
-    "身临其境，",
-    "换新体验。",
-    "塑料袋",
-    "是个好",
-    "东西，",
-    "我们每天",
-    "都在用。",
-    "今天天气",
-    "很好，",
-    "出去走走吧！",
-]
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm")
 
 

@@ -58,6 +58,22 @@ class ChatEndpoint:
         return urlunsplit(parts._replace(path=path.removesuffix(CHAT_PATH) + "/completions"))
 
 
+def sampling_fields(sampling: SamplingParams) -> dict:
+    """The request body's decoding fields, plus `min_tokens` (our server's extension) and `seed` when set."""
+    fields = {
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "repetition_penalty": sampling.repetition_penalty,
+    }
+    if sampling.min_tokens:
+        fields["min_tokens"] = sampling.min_tokens
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed
+    return fields
+
+
 def speech_chat_payload(
     reference_text: str,
     target_text: str,
@@ -73,18 +89,10 @@ def speech_chat_payload(
             {"role": "user", "content": f"{reference_text}{target_text}"},
             {"role": "assistant", "content": speech},
         ],
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "repetition_penalty": sampling.repetition_penalty,
+        **sampling_fields(sampling),
         "stop": list(STOP_STRINGS),
         "stream": True,
     }
-    if sampling.min_tokens:
-        payload["min_tokens"] = sampling.min_tokens
-    if sampling.seed is not None:
-        payload["seed"] = sampling.seed
     return payload
 
 
@@ -98,21 +106,13 @@ def speech_completion_payload(
     payload = {
         "model": model,
         "prompt": [int(t) for t in prompt_ids],
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "repetition_penalty": sampling.repetition_penalty,
+        **sampling_fields(sampling),
         "stop": [stop],
         "stop_token_ids": [int(sampling.end_id)],
         "ignore_eos": True,
         "logit_bias": {str(int(t)): -100 for t in sampling.bad_token_ids},
         "stream": True,
     }
-    if sampling.min_tokens:
-        payload["min_tokens"] = sampling.min_tokens
-    if sampling.seed is not None:
-        payload["seed"] = sampling.seed
     return payload
 
 
