@@ -43,6 +43,10 @@ async def speak(args: argparse.Namespace) -> int:
     }
     if args.model:
         config["model"] = args.model
+    if args.bistream:
+        config["bistream"] = True  # CosyVoice2/3: every delta joins the running utterance
+    if args.instructions:
+        config["instructions"] = args.instructions
     if args.api_key:
         config["api_key"] = args.api_key  # a browser cannot set headers on a WebSocket; this works everywhere
     pcm, rate, start, first_audio = bytearray(), 0, time.perf_counter(), None
@@ -94,6 +98,12 @@ def main() -> int:
     p.add_argument("--out", default="speech.wav")
     p.add_argument("--api-key", default=os.environ.get("TRITONTTS_API_KEY"))
     p.add_argument("--tokens-per-second", type=float, default=20.0, help="pieces of text sent a second")
+    p.add_argument(
+        "--bistream",
+        action="store_true",
+        help="CosyVoice2/3: speak the text as it comes, not sentence by sentence",
+    )
+    p.add_argument("--instructions", help="how to speak (CosyVoice2/3's instruct mode)")
     args = p.parse_args()
     if args.tokens_per_second <= 0:
         p.error("--tokens-per-second must be positive")

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_models import PREFIX, TEXT_INBOX, build_cosyvoice2_models
 from openai_api_process import api_process, zh_voices
@@ -24,6 +28,7 @@ from websockets.sync.client import ClientConnection, connect
 from tritontts.openai_api.stream_ws import STREAM_PATH
 from tritontts.triton.text_inbox import inbox_dir
 
+ROOT = Path(__file__).resolve().parents[1]
 TRITON_MODELS = [build_cosyvoice2_models, build_spark_models]
 pytestmark = pytest.mark.slow
 INSTRUCT = {"instructions": "用开心的语气说"}
@@ -117,3 +122,18 @@ def test_bistream_on_a_family_without_it_is_an_error_and_a_close(api):
         with pytest.raises(ConnectionClosed) as closed:
             receive(ws, 30)
         assert closed.value.rcvd.code == 1008
+
+
+def test_the_example_client_speaks_a_text_file_in_bistream(api, tmp_path):
+    """examples/ws_client.py --bistream: the text written at a token rate, one utterance, its time to first audio."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(DELTAS), encoding="utf-8")
+    out = tmp_path / "speech.wav"
+    command = [sys.executable, str(ROOT / "examples" / "ws_client.py"), "--url", api, "--model", "cosyvoice2"]
+    command += ["--voice", "zh", "--bistream", "--instructions", INSTRUCT["instructions"]]
+    command += ["--text-file", str(text), "--out", str(out), "--tokens-per-second", "100"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(300))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ms after the first text" in done.stdout and "'bistream': True" in done.stdout
+    samples, rate = soundfile.read(out)
+    assert rate == 24000 and samples.size > 0 and samples.size % 960 == 0
