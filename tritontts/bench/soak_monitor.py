@@ -66,21 +66,20 @@ def gpu_memory(smi: str | None) -> tuple[dict[int, float], float | None]:
     """(GPU MiB by pid, total MiB used on the GPUs) from nvidia-smi; ({}, None) without it or when it fails."""
     if smi is None:
         return {}, None
+
+    def query(what: str) -> str:
+        done = subprocess.run(
+            [smi, what, "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return done.stdout
+
     try:
-        apps = subprocess.run(
-            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-        used = subprocess.run(
-            [smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        apps = query("--query-compute-apps=pid,used_memory")
+        used = query("--query-gpu=memory.used")
     except (OSError, subprocess.SubprocessError):
         return {}, None
     by_pid: dict[int, float] = {}
