@@ -113,7 +113,9 @@ def infer_inputs(client_module: ModuleType, arrays: dict[str, np.ndarray]) -> li
     inputs = []
     for name, array in arrays.items():
         datatype = (
-            "BYTES" if array.dtype == object else {np.float32: "FP32", np.int32: "INT32"}[array.dtype.type]
+            "BYTES"
+            if array.dtype == object
+            else {np.float32: "FP32", np.int32: "INT32", np.bool_: "BOOL"}[array.dtype.type]
         )
         tensor = client_module.InferInput(name, list(array.shape), datatype)
         if is_http:

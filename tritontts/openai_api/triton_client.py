@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpc_aio
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException
 
 from tritontts.bench import triton_io
 from tritontts.openai_api.errors import SERVER_ERROR, ApiError, bad_request, overloaded, unavailable
@@ -215,12 +215,8 @@ class TritonTTS:
             "text": np.array([text.encode("utf-8")], dtype=object),
             "final": np.array([final], dtype=np.bool_),
         }
-        inputs = []
-        for name, array in arrays.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
         model = deployment.text_inbox or "text_inbox"
+        inputs = triton_io.infer_inputs(grpcclient, arrays)
         try:
             await self.client.infer(model, inputs, client_timeout=self.request_timeout_s)
         except InferenceServerException as err:
