@@ -77,6 +77,17 @@ FIRST_CHUNK_STAGES = ("frontend", "llm_first_token", "llm_chunk_tokens", "token2
 until the chunk's tokens (hop + look-ahead) exist, and token2wav on them."""
 
 
+def prompt_parts(voice: Voice, request: CosyVoice2Request) -> tuple[str, np.ndarray]:
+    """The text and speech tokens that prompt the LLM before the target text, by voice mode: the transcript and
+    the reference's tokens (zero_shot), nothing (cross_lingual), the instruction alone (instruct2)."""
+    no_speech = np.zeros(0, dtype=np.int32)
+    return {
+        "zero_shot": (voice.text, voice.speech_tokens),
+        "cross_lingual": ("", no_speech),
+        "instruct2": (request.instruct_text, no_speech),
+    }[request.mode]
+
+
 class CosyVoice2Service:
     def __init__(
         self,
@@ -148,12 +159,7 @@ class CosyVoice2Service:
             sampling = replace(
                 sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
             )
-        no_speech = np.zeros(0, dtype=np.int32)
-        prefix, speech = {
-            "zero_shot": (voice.text, voice.speech_tokens),
-            "cross_lingual": ("", no_speech),
-            "instruct2": (request.instruct_text, no_speech),
-        }[request.mode]
+        prefix, speech = prompt_parts(voice, request)
         if self.generate_chat is not None:  # the chat server tokenizes prefix and target together
             return self.generate_chat(prefix, request.target_text, speech, sampling, streaming)
         if request.mode == "instruct2":
@@ -216,11 +222,7 @@ class CosyVoice2Service:
         timer = StageTimer()
         voice = self.voice(request)
         timer.mark("frontend")
-        prompt_text, prompt_speech = {
-            "zero_shot": (voice.text, voice.speech_tokens),
-            "cross_lingual": ("", ()),
-            "instruct2": (request.instruct_text, ()),
-        }[request.mode]
+        prompt_text, prompt_speech = prompt_parts(voice, request)
         sampling = self.sampling
         if request.tokens is not None:
             sampling = replace(sampling, max_tokens=request.tokens.max_tokens)
