@@ -9,19 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_run_sh_server_threads import path_with_nvidia_smi
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def stage_2(tmp_path: Path, options: list[str], gpu: bool) -> subprocess.CompletedProcess:
     """Stage 2 against a missing checkpoint (it logs its settings, then stops), with or without nvidia-smi."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    if gpu:
-        fake = bin_dir / "nvidia-smi"
-        fake.write_text("#!/bin/sh\nexit 0\n")
-        fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = dict(os.environ, PATH=path_with_nvidia_smi(tmp_path, gpu))
     command = ["bash", "run.sh", "2", "2", "--exp_dir", str(tmp_path / "exp"), "--python", sys.executable]
     command += ["--model_source", str(tmp_path / "no_checkpoint"), *options]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

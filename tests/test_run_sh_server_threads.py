@@ -14,6 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 LOG_LINE = "servers run with OMP_NUM_THREADS="
 
 
+def path_with_nvidia_smi(tmp_path: Path, gpu: bool) -> str:
+    """This PATH, behind a folder that holds a stand-in `nvidia-smi` when `gpu` (what run.sh takes for a GPU host)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if gpu:
+        fake = bin_dir / "nvidia-smi"
+        fake.write_text("#!/bin/sh\nexit 0\n")
+        fake.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
 def stage_3(
     tmp_path: Path,
     options: list[str],
@@ -22,14 +33,8 @@ def stage_3(
     env_arenas: str | None = None,
 ):
     """Stage 3 against a missing repository (the server never starts), with or without an `nvidia-smi` on PATH."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    if gpu:
-        fake = bin_dir / "nvidia-smi"
-        fake.write_text("#!/bin/sh\nexit 0\n")
-        fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX")}
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    env["PATH"] = path_with_nvidia_smi(tmp_path, gpu)
     if env_threads is not None:
         env["OMP_NUM_THREADS"] = env_threads
     if env_arenas is not None:
