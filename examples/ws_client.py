@@ -47,6 +47,8 @@ async def speak(args: argparse.Namespace) -> int:
         config["bistream"] = True  # CosyVoice2/3: every delta joins the running utterance
     if args.instructions:
         config["instructions"] = args.instructions
+    if not args.text_normalization:
+        config["text_normalization"] = False
     if args.api_key:
         config["api_key"] = args.api_key  # a browser cannot set headers on a WebSocket; this works everywhere
     pcm, rate, start, first_audio = bytearray(), 0, time.perf_counter(), None
@@ -104,6 +106,12 @@ def main() -> int:
         help="CosyVoice2/3: speak the text as it comes, not sentence by sentence",
     )
     p.add_argument("--instructions", help="how to speak (CosyVoice2/3's instruct mode)")
+    p.add_argument(
+        "--no-text-normalization",
+        dest="text_normalization",
+        action="store_false",
+        help="send the text as written (the API normalizes numbers and symbols by default)",
+    )
     args = p.parse_args()
     if args.tokens_per_second <= 0:
         p.error("--tokens-per-second must be positive")
