@@ -330,10 +330,12 @@ def test_a_client_leaving_mid_sentence_and_the_example_client(api, tmp_path):
     url = api.replace("http://", "ws://") + STREAM_PATH
     command = [sys.executable, str(ROOT / "examples" / "ws_client.py"), "--url", url, "--voice", "zh"]
     text = tmp_path / "text.txt"
-    text.write_text(f"{FIRST} {SECOND}", encoding="utf-8")
+    text.write_text(f"{FIRST} {SECOND} after 2 words", encoding="utf-8")
     command += ["--api-key", KEY, "--text-file", str(text), "--out", str(out), "--tokens-per-second", "100"]
+    command += ["--no-text-normalization"]  # the digit reaches the server as written
     done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(120), env=python_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ms after the first text" in done.stdout
+    assert "after 2 words" in done.stdout and "two words" not in done.stdout
     samples, rate = soundfile.read(out)
     assert rate == RATE and samples.size == 2 * SEGMENT_SAMPLES  # two sentences, each whole
