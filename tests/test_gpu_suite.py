@@ -305,3 +305,24 @@ def test_status_of_a_fresh_exp_dir_writes_nothing(tmp_path):
     )
     assert done.returncode == 3 and "0 of 12 parts done, 0 failed" in done.stdout
     assert not (tmp_path / "exp").exists() and time.monotonic() - started < 60
+
+
+def test_on_a_gpu_the_flow_graphs_part_caps_its_eager_streams(tmp_path, monkeypatch):
+    """16 eager lockstep streams take a minute of the suite's 25: the graphed side keeps every stream count."""
+    seen: list[list[str]] = []
+
+    def record(self, argv, log, deadline, commands):
+        seen.append(argv)
+        raise suite.PartFailed("recorded")
+
+    monkeypatch.setattr(suite.Runner, "command", record)
+    config = suite.SuiteConfig(
+        exp_dir=tmp_path / "exp", out_dir=tmp_path / "out", parts=("flow_graphs",), commit="0123abc"
+    )
+    runner = suite.Runner(
+        config, device=suite.Device("cuda", "NVIDIA H100 80GB HBM3", 1), echo=lambda line: None
+    )
+    assert runner.run() == 1
+    (argv,) = seen
+    assert argv[1].endswith("bench_flow_graphs.py")
+    assert argv[argv.index("--eager-max-streams") + 1] == "4" and "--device" not in argv
