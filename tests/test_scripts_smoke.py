@@ -48,6 +48,7 @@ RUN_BY = {
     "bench_token2wav.py": "tests/test_bench_token2wav.py::both_modes",
     "bench_vocoder_graphs.py": "tests/test_bench_scripts_cpu.py::test_bench_vocoder_graphs_cpu_dry_check",
     "bench_voice_profile.py": "tests/test_voice_modes_triton.py::test_the_profile_benchmark_runs",
+    "bench_ws_ttfa.py": "tests/test_speech_ws.py::test_the_time_to_first_audio_benchmark_writes_schema_rows",
     "benchmark_results.py": "tests/test_benchmark_results.py::test_check_passes_on_the_repository",
     "convert_checkpoint.py": "tests/test_convert_checkpoint.py::test_sharded_hf_checkpoint_and_cli",
     # run.sh --gpus starts and stops the servers through it

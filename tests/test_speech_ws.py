@@ -28,6 +28,7 @@ from waiting import python_env, scaled
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from tritontts.bench import results
 from tritontts.openai_api.stream_text import SentenceBuffer
 from tritontts.openai_api.stream_ws import STREAM_PATH
 
@@ -339,3 +340,48 @@ def test_a_client_leaving_mid_sentence_and_the_example_client(api, tmp_path):
     assert "after 2 words" in done.stdout and "two words" not in done.stdout
     samples, rate = soundfile.read(out)
     assert rate == RATE and samples.size == 2 * SEGMENT_SAMPLES  # two sentences, each whole
+
+
+def test_the_time_to_first_audio_benchmark_writes_schema_rows(api, tmp_path):
+    """scripts/bench_ws_ttfa.py: one then two sessions at once, each the whole text as it is written; a row per
+    level in the results schema, every session with audio, its first audio before the text ended."""
+    out = tmp_path / "ttfa.json"
+    url = api.replace("http://", "ws://") + STREAM_PATH
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_ws_ttfa.py"),
+        "--url",
+        url,
+        "--model",
+        "spark-tts",
+    ]
+    command += ["--voice", "zh", "--api-key", KEY, "--text", f"{FIRST} {SECOND}", "--tokens-per-second", "5"]
+    command += [
+        "--concurrency",
+        "1,2",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--commit",
+        "0123abc",
+        "--output",
+        str(out),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(300), env=python_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text())
+    assert results.validate(data, out.name) == []
+    assert KEY not in out.read_text()
+    rows = data["headline"]
+    assert [(r["concurrency"], r["mode"]) for r in rows] == [
+        (1, "websocket sentence"),
+        (2, "websocket sentence"),
+    ]
+    written_s = len(f"{FIRST} {SECOND}".split()) / 5
+    for level in data["levels"]:
+        assert level["failed"] == 0 and len(level["first_audio_ms"]["all"]) == level["concurrency"]
+        assert level["audio_seconds"] == pytest.approx(level["concurrency"] * 2 * SEGMENT_SAMPLES / RATE)
+        assert (
+            0 < level["first_audio_ms"]["p50"] < written_s * 1e3
+        )  # the first sentence spoke before the rest came
