@@ -20,7 +20,7 @@ import httpx
 import pytest
 from conftest import PROMPT_ZH_TEXT
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models
-from cosyvoice2_models import PREFIX, build_cosyvoice2_models
+from cosyvoice2_models import PREFIX, TEXT_INBOX, build_cosyvoice2_models
 from cosyvoice3_models import build_cosyvoice3_models
 from fastapi.testclient import TestClient
 from openai_api_process import api_process, decode, zh_voices
@@ -57,6 +57,10 @@ COSYVOICE3_LEAVES = COSYVOICE2_LEAVES + ("vocoder",)
 PAGE_FILES = ["", "app.js", "live-text.js", "style.css"]
 WAIT_S = 120.0
 LIVE_TEXT_PATH = "/v1/audio/speech/stream"
+BISTREAM_TEXT = "身临其境，换新体验。塑料袋是个好东西，我们每天都在用。"
+"""typed one character at a time: the tiny LLM's first audio needs two segments of 5 text tokens"""
+BISTREAM_INSTRUCTIONS = "用开心的语气说"
+"""instruct2: no prompt speech for the text to cover first (test_speech_ws_bistream)"""
 
 
 # --- without a browser or Triton ----------------------------------------------------------------------------
@@ -75,8 +79,8 @@ def test_the_page_is_served_unless_turned_off():
             response = client.get(path)
             assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
         models = client.get("/v1/models").json()["data"]  # Triton unreachable: listed, not ready
-        assert [(m["id"], m["ready"], m["modes"], m["streaming"]) for m in models] == [
-            (name, False, None, None) for name in MODEL_NAMES
+        assert [(m["id"], m["ready"], m["modes"], m["streaming"], m["bistream"]) for m in models] == [
+            (name, False, None, None, None) for name in MODEL_NAMES
         ]
     with TestClient(create_app(Settings(triton_url="127.0.0.1:9", routes=routes, ui=False))) as client:
         for path in ("/", "/ui", "/ui/", "/ui/app.js"):
@@ -117,6 +121,7 @@ def api(browser_paths, triton, tmp_path_factory, prompt_zh) -> Iterator[str]:
     server.load(*(PREFIX + leaf for leaf in COSYVOICE2_LEAVES), "cosyvoice2", "cosyvoice2_offline")
     server.load(TOKEN2WAV_DIT, "cosyvoice2_dit", "cosyvoice2_dit_offline")
     server.load(*(f"cosyvoice3_{leaf}" for leaf in COSYVOICE3_LEAVES), "cosyvoice3", "cosyvoice3_offline")
+    server.load(TEXT_INBOX)  # bistream sessions' text (the CosyVoice BLS configs name it)
     voices = zh_voices(tmp_path_factory.mktemp("voices"), prompt_zh, PROMPT_ZH_TEXT)
     args = ["--triton-url", server.grpc_url, "--voices-dir", str(voices), "--api-key", KEY]
     args += [f"--max-new-tokens={TOKENS}", "--max-input-chars=300"]
@@ -298,8 +303,16 @@ def test_the_models_and_their_modes_are_listed(page, http, api):
         "ready": True,
         "modes": ["clone", "create"],
         "streaming": True,
+        "bistream": False,
     }
     assert cards["spark-offline"]["streaming"] is False
+    assert {name: card["bistream"] for name, card in cards.items()} == {
+        "spark-tts": False,
+        "spark-offline": False,
+        "cosyvoice2": True,
+        "cosyvoice2-dit": True,
+        "cosyvoice3": True,
+    }
     assert cards["cosyvoice2"]["modes"] == ["clone", "cross_lingual", "instruct2"]
     assert cards["cosyvoice2"]["sample_rate"] == 24000
     assert options(page, "model") == MODEL_NAMES
@@ -451,6 +464,56 @@ def test_text_typed_in_is_spoken_sentence_by_sentence(page, http, api):
     assert output_seconds(page) == pytest.approx(seconds, abs=1e-3)
     assert seconds == pytest.approx(3 * api_seconds(http), abs=0.05)  # each sentence as long as a request's
     screenshot(page, "live")
+
+
+def test_text_typed_in_joins_one_bistream_utterance_where_the_model_takes_it(page, api):
+    if not websocket_opens(api, LIVE_TEXT_PATH):
+        pytest.skip(f"this API has no {LIVE_TEXT_PATH}: the page hides the mode")
+    select(page, "model", "spark-tts")
+    assert not by_id(page, "live-bistream").is_displayed()  # Spark-TTS takes no bistream
+    select(page, "model", "cosyvoice2")
+    switch = by_id(page, "live-bistream")
+    assert switch.is_displayed() and not switch.is_selected()
+    switch.click()
+    page.find_element("css selector", 'input[name="mode"][value="instruct2"]').click()
+    page.find_element("css selector", '.tab[data-source="saved"]').click()
+    select(page, "voice", "zh")
+    by_id(page, "instructions").clear()
+    by_id(page, "instructions").send_keys(BISTREAM_INSTRUCTIONS)
+    page.execute_script('document.getElementById("result").dataset.state = ""')
+    live = by_id(page, "live-input")
+    live.send_keys(BISTREAM_TEXT)
+    wait(lambda: by_id(page, "chunks").text not in ("–", "0"), "audio before the end of the text")
+    section = by_id(page, "live-text")
+    assert section.get_attribute("data-bistream") == "true"  # the audio.start of a bistream utterance
+    assert by_id(page, "result").get_attribute("data-state") == "running"
+    live.send_keys("今天天气很好，出去走走吧！")
+    by_id(page, "live-done").click()
+    wait(lambda: by_id(page, "result").get_attribute("data-state") == "done", "the utterance's end")
+    assert section.get_attribute("data-sentences") == "1"  # one utterance, not one request per sentence
+    seconds = float(section.get_attribute("data-seconds"))
+    assert seconds > 0 and output_seconds(page) == pytest.approx(seconds, abs=1e-3)
+    switch.click()
+    page.find_element("css selector", 'input[name="mode"][value="clone"]').click()
+
+    select(page, "model", "spark-tts")  # the server's refusal, shown as the page shows the API's errors
+    page.execute_script('document.getElementById("live-bistream").closest("label").hidden = false')
+    switch.click()
+    live.send_keys("Hello there. ")
+    wait(lambda: by_id(page, "error").is_displayed(), "the bistream_unavailable error")
+    assert page.execute_script("return document.body.dataset.error") == "bistream_unavailable"
+    error = by_id(page, "error").text
+    assert "model 'spark-tts' takes no bistream sessions" in error and error.endswith(" (bistream)")
+    assert by_id(page, "result").get_attribute("data-state") == "error"
+    switch.click()
+    page.execute_script(
+        'const box = document.getElementById("live-input"); box.value = "";'
+        'box.dispatchEvent(new Event("input"))'
+    )
+    select(page, "model", "cosyvoice2")
+    assert switch.is_displayed() and not switch.is_selected()
+    select(page, "model", "spark-tts")
+    assert not switch.is_displayed()
 
 
 @pytest.mark.parametrize("model", ["cosyvoice2-dit", "cosyvoice3"])

@@ -117,7 +117,8 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
     @app.get("/v1/models", dependencies=auth)
     async def list_models() -> dict:
         """Each model with its rate and, when its Triton models are ready, its voice modes (the BLS's
-        `voice_modes`) and whether it streams; `ready: false` with `modes: null` otherwise."""
+        `voice_modes`), whether it streams and whether it takes bistream sessions (its streaming BLS names a
+        `text_inbox_model`, as stream_config checks); `ready: false` with `modes: null` otherwise."""
 
         async def card(route: ModelRoute) -> dict:
             try:
@@ -132,6 +133,7 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
                 "ready": deployed is not None,
                 "modes": sorted(deployed.modes) if deployed else None,
                 "streaming": deployed.streaming_model is not None if deployed else None,
+                "bistream": deployed.text_inbox is not None if deployed else None,
             }
 
         return {"object": "list", "data": list(await asyncio.gather(*map(card, settings.routes)))}

@@ -26,6 +26,7 @@ const state = {
   audioUrl: null,
   context: null,
   wantStream: true,
+  live: null, // live-text.js's session, once mounted
 };
 
 class ApiError extends Error {
@@ -160,6 +161,7 @@ function renderModes() {
   $("model-info").textContent = info.filter(Boolean).join(" · ");
   $("stream").disabled = model.streaming === false;
   $("stream").checked = model.streaming !== false && state.wantStream;
+  if (state.live) state.live.refresh();
   renderVoicePanel();
 }
 
@@ -596,7 +598,7 @@ async function base64Of(blob) {
   return btoa(text);
 }
 
-async function sessionConfig() {
+async function sessionConfig({ bistream = false } = {}) {
   const mode = currentModel() ? currentMode() : "clone";
   const config = {
     model: $("model").value,
@@ -604,6 +606,7 @@ async function sessionConfig() {
     split_granularity: "sentence",
     text_normalization: $("normalize").checked,
   };
+  if (bistream) config.bistream = true;
   if (state.key) config.api_key = state.key;
   if (mode === "create") {
     config.voice = { gender: $("gender").value, pitch: $("pitch").value, speed: $("speed").value };
@@ -621,6 +624,7 @@ async function sessionConfig() {
 const liveContext = {
   api: API,
   config: sessionConfig,
+  takesBistream: () => currentModel()?.bistream === true,
   begin(rate) {
     clearError();
     resetResult();
@@ -660,7 +664,7 @@ async function start() {
   $("server-state").textContent = `${state.models.length} model${state.models.length === 1 ? "" : "s"}`;
   renderModels();
   document.body.dataset.ready = "true";
-  if (await liveText.available(API)) liveText.mount($("live-text"), liveContext);
+  if (await liveText.available(API)) state.live = liveText.mount($("live-text"), liveContext);
   window.liveTextChecked = true;
 }
 

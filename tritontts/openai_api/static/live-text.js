@@ -1,6 +1,7 @@
 // Typing text in as it is spoken, over the WebSocket endpoint /v1/audio/speech/stream (docs/streaming-text.md).
 // Shown only where the server has the endpoint: a WebSocket to it opens (and is closed at once).
-// Each sentence is spoken once the character after its mark arrives.
+// Each sentence is spoken once the character after its mark arrives; with the bistream switch (models whose
+// /v1/models entry says `bistream: true`) every piece typed joins one running utterance instead.
 export const PATH = "v1/audio/speech/stream";
 
 export function available(api) {
@@ -40,21 +41,19 @@ function element(tag, props = {}, ...children) {
   return node;
 }
 
-// ctx (app.js): api, config() -> session.config fields, begin(rate) -> player, progress(player),
-// finish(player), fail(error)
+// ctx (app.js): api, config({bistream}) -> session.config fields, takesBistream() -> bool, begin(rate) -> player,
+// progress(player), finish(player), fail(error)
 export function mount(section, ctx) {
-  const input = element("textarea", {
-    id: "live-input",
-    rows: 3,
-    placeholder: "type here: each sentence is spoken as soon as it is complete",
-  });
+  const input = element("textarea", { id: "live-input", rows: 3 });
   const done = element("button", { id: "live-done", type: "button", className: "secondary" }, "Speak the rest");
   const status = element("span", { id: "live-state", className: "muted" });
+  const bistream = element("input", { id: "live-bistream", type: "checkbox" });
+  const bistreamLabel = element("label", { className: "check" }, bistream, " Speak as the text comes (bistream)");
   section.replaceChildren(
     element("h3", {}, "Type as it speaks"),
     element("p", { className: "muted" }, `Text goes to /${PATH} as it is typed, with the choices above.`),
     input,
-    element("div", { className: "row" }, done, status),
+    element("div", { className: "row" }, done, bistreamLabel, status),
   );
   section.hidden = false;
   section.dataset.mode = "live-text";
@@ -74,14 +73,32 @@ export function mount(section, ctx) {
   }
 
   function close() {
-    if (socket) socket.close(1000);
+    if (socket) {
+      socket.onclose = null; // its close event must not drop the socket of a session opened meanwhile
+      socket.close(1000);
+    }
     socket = null;
     created = false;
     queue = [];
   }
 
+  function refresh() {
+    bistreamLabel.hidden = !ctx.takesBistream();
+    describe();
+  }
+
+  function describe() {
+    input.placeholder = bistreamOn()
+      ? "type here: it is spoken as it comes, one utterance until Speak the rest"
+      : "type here: each sentence is spoken as soon as it is complete";
+  }
+
+  function bistreamOn() {
+    return bistream.checked && !bistreamLabel.hidden;
+  }
+
   async function open() {
-    const config = await ctx.config();
+    const config = await ctx.config({ bistream: bistreamOn() });
     socket = new WebSocket(socketUrl(ctx.api));
     socket.binaryType = "arraybuffer";
     socket.onopen = () => socket.send(JSON.stringify({ type: "session.config", ...config }));
@@ -101,7 +118,8 @@ export function mount(section, ctx) {
         status.textContent = "listening…";
         queue.splice(0).forEach(send);
       } else if (message.type === "audio.start") {
-        status.textContent = `speaking: ${message.sentence_text}`;
+        section.dataset.bistream = String(message.bistream === true);
+        status.textContent = message.bistream ? "speaking as the text comes…" : `speaking: ${message.sentence_text}`;
       } else if (message.type === "audio.done") {
         seconds += message.duration || 0;
         sentences += 1;
@@ -138,5 +156,7 @@ export function mount(section, ctx) {
     sent = "";
   });
 
-  return { close };
+  bistream.addEventListener("change", describe);
+  refresh();
+  return { close, refresh };
 }
