@@ -83,7 +83,8 @@ vocoder_instance_num=1
 vocoder_cuda_graphs=auto            # spark_tts: BiCodec's padded vocoder passes replayed from CUDA graphs: auto (on CUDA) | true | false
 model_device=auto                   # audio tokenizer and vocoder: auto | cuda | cpu
 server_timeout=600                  # seconds stage 3 waits for readiness
-gpus=""                             # stages 3-4, data parallel: one tritonserver per GPU (e.g. 0,1,2,3), each the whole pipeline, on ports disagg_*_base_port+1+i; stage 4 spreads its workers round-robin over them; "": one server on the environment's GPUs
+gpus=""                             # stages 2-5 on several GPUs (e.g. 0,1,2,3), as --gpu_layout says; "": one server on the environment's GPUs
+gpu_layout=servers                  # with --gpus: servers (data parallel: stage 3 starts one tritonserver per GPU, each the whole pipeline, on ports disagg_*_base_port+1+i; stage 4 spreads its workers round-robin over them) | instances (stage 2 gives the GPU models KIND_GPU instance groups over all of them, each model's count per GPU, the BLS stays KIND_CPU; stage 3 starts one tritonserver with CUDA_VISIBLE_DEVICES=--gpus; --llm_backend torch only)
 foreground=false                    # stage 3: stay attached to the server (containers)
 server_cpu_threads=auto             # stages 3 and 7: OMP_NUM_THREADS of the servers (torch CPU threads in every python-backend stub); auto: 1 on a GPU host unless --llm_device/--model_device is cpu or OMP_NUM_THREADS is set (H200, a new CosyVoice2 voice: front end 120 -> 45 ms at c=1, 653 -> 41 ms at c=4); 0: leave it to the environment
 server_malloc_arena_max=2           # stages 3 and 7: MALLOC_ARENA_MAX of the servers (glibc malloc arenas of tritonserver and its stubs; glibc's default, 8 per core, let tritonserver's private memory creep up for 30 minutes of traffic); 0: leave it to the environment
@@ -225,6 +226,22 @@ case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be t
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
 case "$llm_compile" in auto|true|false) ;; *) echo "run.sh: --llm_compile must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$bls_instance_num" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --bls_instance_num must be auto or a positive integer" >&2; exit 2; }
+case "$gpu_layout" in servers|instances) ;; *) echo "run.sh: --gpu_layout must be servers or instances, not '$gpu_layout'" >&2; exit 2 ;; esac
+data_parallel=false   # stages 3-5: one tritonserver per GPU of --gpus
+gpu_span=1            # stage 2: the GPUs each instance group spans
+instance_gpus=""      # stage 2: those GPUs as the one server sees them (0..n-1)
+if [ -n "$gpus" ] && [ "$gpu_layout" = servers ]; then
+  data_parallel=true
+elif [ "$gpu_layout" = instances ] && [ "$action" = run ]; then
+  if ! [[ "$gpus" =~ ^[^,[:space:]]+(,[^,[:space:]]+)*$ ]] || [ -n "$(tr , '\n' <<<"$gpus" | sort | uniq -d)" ]; then
+    echo "run.sh: --gpu_layout instances needs --gpus, distinct comma-separated GPUs such as 0,1 (got '$gpus')" >&2; exit 2
+  fi
+  if [ "$llm_backend" != torch ]; then
+    echo "run.sh: --gpu_layout instances needs --llm_backend torch (TensorRT-LLM places its engine on GPUs itself)" >&2; exit 2
+  fi
+  gpu_span=$(tr , '\n' <<<"$gpus" | wc -l)
+  instance_gpus=$(seq -s, 0 $((gpu_span - 1)))
+fi
 gpu_host=false   # what the auto defaults of serving follow
 if [ "$llm_device" != cpu ] && command -v nvidia-smi >/dev/null 2>&1; then gpu_host=true; fi
 serving_autos=()
@@ -321,10 +338,11 @@ fill() { "$python" scripts/fill_template.py -i "$1" "$2"; }
 common="triton_max_batch_size:${triton_max_batch_size},max_queue_delay_microseconds:${max_queue_delay_microseconds}"
 
 # The CosyVoice2 BLS and its leaf models (leaf_models) into repository $1; the BLS asks the OpenAI-compatible
-# server at URL $2 for speech tokens, or, when $2 is empty, the tensorrt_llm model of the same repository.
+# server at URL $2 for speech tokens, or, when $2 is empty, the tensorrt_llm model of the same repository; each
+# instance group spans $3 GPUs (default 1).
 text_inbox_template=model_repo_cosyvoice2/text_inbox   # both CosyVoice families' streaming repositories
 write_cosyvoice2_models() {
-  local repo=$1 endpoint=$2 abs_model_dir abs_t2w_dir abs_llm_dir front pair role name leaves="" llm_model=tensorrt_llm
+  local repo=$1 endpoint=$2 spanned=${3:-1} abs_model_dir abs_t2w_dir abs_llm_dir front pair role name leaves="" llm_model=tensorrt_llm
   abs_model_dir=$(cd "$model_dir" && pwd)
   abs_t2w_dir=$abs_model_dir/$token2wav_subdir
   abs_llm_dir=$abs_model_dir/$llm_subdir
@@ -342,7 +360,7 @@ write_cosyvoice2_models() {
         "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},max_reference_seconds:${max_reference_seconds}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
     esac
-    if [ "$role" = token2wav ] && [ "$token2wav_instance_num" -gt 1 ] && [ "$mode" = streaming ]; then
+    if [ "$role" = token2wav ] && [ $((token2wav_instance_num * spanned)) -gt 1 ] && [ "$mode" = streaming ]; then
       "$python" -m tritontts.triton.sequence "$repo/$name/config.pbtxt"   # each stream stays on one instance
     fi
     leaves+="${role}_model:${name},"
@@ -380,9 +398,25 @@ write_cosyvoice3_models() {
     "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"
 }
 
-# The BLS of --model and its leaf models into repository $1, the LLM at URL $2 or (empty) inside Triton.
+# The BLS of --model and its leaf models into repository $1, the LLM at URL $2 or (empty) inside Triton; each
+# instance group spans $3 GPUs (default 1).
 write_bls_models() {
-  if [ "$model" = cosyvoice3 ]; then write_cosyvoice3_models "$1" "$2"; else write_cosyvoice2_models "$1" "$2"; fi
+  if [ "$model" = cosyvoice3 ]; then write_cosyvoice3_models "$1" "$2"; else write_cosyvoice2_models "$1" "$2" "${3:-1}"; fi
+}
+
+# --gpu_layout instances: repository $1's GPU models (not the BLS, not text_inbox, not those --model_device or
+# --llm_device put on the CPU) get KIND_GPU instance groups over instance_gpus, their counts per GPU.
+spread_over_gpus() {
+  local repo=$1 name configs=()
+  if [ "$model_device" != cpu ]; then
+    for name in audio_tokenizer speaker_embedding vocoder token2wav token2wav_dit; do
+      if [ -d "$repo/$name" ]; then configs+=("$repo/$name/config.pbtxt"); fi
+    done
+  fi
+  if [ "$llm_device" != cpu ]; then configs+=("$repo/tensorrt_llm/config.pbtxt"); fi
+  [ ${#configs[@]} -gt 0 ] || { log "--gpu_layout instances: every model runs on the CPU, no instance group spans GPUs"; return; }
+  "$python" -m tritontts.triton.instance_group "${configs[@]}" --gpus "$instance_gpus"
+  log "KIND_GPU instance groups over GPUs $gpus (the server's $instance_gpus): $(basename -a "${configs[@]%/config.pbtxt}" | paste -sd' ')"
 }
 
 # The benchmark client's options that stages 4 and 8 share, into the array bench_extra; writes the default
@@ -532,7 +566,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   abs_model_dir=$(cd "$model_dir" && pwd)
   abs_llm_dir=$abs_model_dir/$llm_subdir
   if [ "$model" != spark_tts ]; then
-    write_bls_models "$model_repo" ""
+    write_bls_models "$model_repo" "" "$gpu_span"
   else
     for name in spark_tts audio_tokenizer vocoder; do
       cp -r "model_repo/$name" "$model_repo/"
@@ -555,17 +589,25 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     fill "$model_repo/tensorrt_llm/config.pbtxt" \
       "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval}"
   fi
+  [ -z "$instance_gpus" ] || spread_over_gpus "$model_repo"
 fi
 
-if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ] && [ -n "$gpus" ]; then
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ] && [ "$data_parallel" = true ]; then
   log "Stage 3: one tritonserver per GPU on GPUs $gpus (data parallel), each serving $model_repo"
   dp_cli start --co-located --model-repo "$model_repo" --address "$server_address" --timeout "$server_timeout" \
     --token2wav-gpus "$gpus" --instances-per-gpu 1 --http-base-port "$disagg_http_base_port" \
     --grpc-base-port "$disagg_grpc_base_port" --metrics-base-port "$disagg_metrics_base_port"
 elif [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  log "Stage 3: tritonserver on http $http_port, grpc $grpc_port, metrics $metrics_port"
-  server_cli start --model-repo "$model_repo" --address "$server_address" --http-port "$http_port" --grpc-port "$grpc_port" \
-    --metrics-port "$metrics_port" --timeout "$server_timeout"
+  if [ "$gpu_layout" = instances ]; then
+    log "Stage 3: one tritonserver on GPUs $gpus (CUDA_VISIBLE_DEVICES; instance groups over them), http $http_port, grpc $grpc_port, metrics $metrics_port"
+  else
+    log "Stage 3: tritonserver on http $http_port, grpc $grpc_port, metrics $metrics_port"
+  fi
+  (
+    [ "$gpu_layout" != instances ] || export CUDA_VISIBLE_DEVICES=$gpus
+    server_cli start --model-repo "$model_repo" --address "$server_address" --http-port "$http_port" --grpc-port "$grpc_port" \
+      --metrics-port "$metrics_port" --timeout "$server_timeout"
+  )
   if [ "$foreground" = true ]; then
     log "staying attached to the server (pid $(cat "$pid_file")); log: $server_log"
     tail --pid="$(cat "$pid_file")" -f "$server_log"
@@ -576,7 +618,7 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   log "Stage 4: benchmark, ${sweep:-$num_tasks} concurrent tasks, $mode"
   prepare_benchmark
   targets=(--server-addr "$server_addr" --server-port "$grpc_port" --metrics-port "$metrics_port")
-  if [ -n "$gpus" ]; then
+  if [ "$data_parallel" = true ]; then
     if ! dp_addrs=$(dp_cli status --print server_addrs); then
       echo "run.sh: stage 4 with --gpus needs the servers of stage 3 with --gpus, running and ready ($dp_state)" >&2
       exit 1
@@ -590,7 +632,7 @@ fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   log "Stage 5: one utterance, $mode, into $output_dir"
-  if [ -n "$gpus" ]; then   # the first server of stage 3 with --gpus
+  if [ "$data_parallel" = true ]; then   # the first server of stage 3 with --gpus
     grpc_port=$((disagg_grpc_base_port + 1)) http_port=$((disagg_http_base_port + 1))
   fi
   single=(--reference-audio "$reference_audio" --reference-text "$reference_text" --target-text "$target_text")

@@ -37,6 +37,18 @@ PROMPT_MEL = MatchaMelConfig()
 FEAT_FRAMES_PER_TOKEN = 2
 
 
+def has_cuda_provider() -> bool:
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def onnx_device(device: str) -> str:
+    """`auto` for onnxruntime: `cuda` where this onnxruntime has the CUDA provider, else `cpu`; any other name as
+    given."""
+    if device == "auto":
+        return "cuda" if has_cuda_provider() else "cpu"
+    return device
+
+
 def create_session(path: str | Path, device: str = "cpu", threads: int = 1) -> ort.InferenceSession:
     """An onnxruntime session on `device` ("cpu", "cuda", "cuda:N", or "auto": the GPU when this onnxruntime
     has the CUDA provider); the CUDA provider must exist for "cuda". `threads`: its intra-op threads on the CPU
@@ -44,14 +56,13 @@ def create_session(path: str | Path, device: str = "cpu", threads: int = 1) -> o
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     path = Path(path)
-    if device == "auto":
-        device = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    device = onnx_device(device)
     if not path.is_file():
         raise CheckpointError(f"ONNX model not found: {path}")
     if device == "cpu":
         providers: list = ["CPUExecutionProvider"]
     elif device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
+        if not has_cuda_provider():
             raise ValueError(
                 f"device {device!r} asked for, but this onnxruntime has no CUDAExecutionProvider "
                 f"(available: {', '.join(ort.get_available_providers())}); install onnxruntime-gpu"

@@ -34,6 +34,7 @@ from tritontts.cosyvoice2.frontend import (
     SpeakerEmbedder,
     SpeechTokenizer,
     align_prompt_lengths,
+    has_cuda_provider,
     prompt_speech_feat,
     speaker_fbank,
 )
@@ -157,7 +158,7 @@ class DiTToken2Wav:
         hift = load_hift(hift_path, hift_config_of(hift_path), device)
         if flow_graphs is not None:
             hift.use_cuda_graphs()
-        tokenizer_device = "auto" if device.type == "cuda" else "cpu"
+        tokenizer_device = str(device) if device.type == "cuda" and has_cuda_provider() else "cpu"
         return cls(
             flow,
             hift,

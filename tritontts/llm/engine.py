@@ -260,6 +260,9 @@ class LLMEngine:
         self._fail_all(FinishReason.CANCELLED, None)
 
     def _serve(self) -> None:
+        device = self.runner.device
+        if device.type == "cuda" and device.index is not None:  # a new thread starts on GPU 0
+            torch.cuda.set_device(device)
         while True:
             with self._wake:
                 while not (

@@ -5,14 +5,15 @@ stage seconds, one response per request in order (an error response naming the f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 
 from tritontts.cuda_graphs import FlowGraphConfig, flow_graph_config
-from tritontts.devices import resolve_device, resolve_flow_dtype
+from tritontts.devices import resolve_flow_dtype
 from tritontts.stage_timer import StageTimer
+from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import StageSeconds
 from tritontts.triton.params import error_response, model_param
 
@@ -20,11 +21,15 @@ Call = TypeVar("Call")
 
 
 def flow_placement(
-    config: dict[str, Any], default_batch_sizes: str = "1,2,4,8", batch_sizes_param: bool = True
+    config: dict[str, Any],
+    args: Mapping[str, str],
+    default_batch_sizes: str = "1,2,4,8",
+    batch_sizes_param: bool = True,
 ) -> tuple[torch.device, torch.dtype, FlowGraphConfig | None]:
-    """(device, flow dtype, CUDA graph settings) from the model config; without `batch_sizes_param` the graph
-    batch sizes are `default_batch_sizes`, not a parameter."""
-    device = resolve_device(model_param(config, "device", default="auto"))
+    """(device, flow dtype, CUDA graph settings) from the model config and the instance (`args` of
+    `initialize`: a KIND_GPU instance's own GPU); without `batch_sizes_param` the graph batch sizes are
+    `default_batch_sizes`, not a parameter."""
+    device = instance_device(args, model_param(config, "device", default="auto"))
     dtype = resolve_flow_dtype(model_param(config, "dtype", default="auto"), device)
     sizes = default_batch_sizes
     if batch_sizes_param:

@@ -69,10 +69,16 @@ def model_param(
 
 def stream_instances(model_config: Mapping) -> int:
     """How many instances a stream may meet: 1 where a sequence batcher keeps each stream on one instance, else
-    the instances the config asks for (all instance groups together)."""
+    the instances the config asks for (all instance groups together; a KIND_GPU group's count on each GPU)."""
     if model_config.get("sequence_batching"):
         return 1
-    return sum(int(group.get("count", 1)) for group in model_config.get("instance_group") or [{}])
+    return sum(_group_instances(group) for group in model_config.get("instance_group") or [{}])
+
+
+def _group_instances(group: Mapping) -> int:
+    count = int(group.get("count", 1))
+    gpus = group.get("gpus") or []
+    return count * len(gpus) if group.get("kind") == "KIND_GPU" and gpus else count
 
 
 def single_instance_stream(instances: int, field: str) -> None:

@@ -13,6 +13,7 @@ from tritontts.audio import AudioLimits
 from tritontts.spark.codec import SparkCodec
 from tritontts.spark.service import RequestLimits, check_reference_wav
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import VoiceCacheCounters, release_metrics
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
@@ -22,9 +23,9 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        self.codec = SparkCodec(  # tokenizes only: no detokenize graphs
-            model_param(config, "model_dir"), model_param(config, "device", default="auto"), cuda_graphs=False
-        )
+        device = instance_device(args, model_param(config, "device", default="auto"))
+        # tokenizes only: no detokenize graphs
+        self.codec = SparkCodec(model_param(config, "model_dir"), device, cuda_graphs=False)
         max_seconds = model_param(config, "max_reference_seconds", float, default=30.0)
         self.limits = RequestLimits(audio=AudioLimits(max_seconds=max_seconds))
         self.codec.warm_tokenizer(max_seconds)

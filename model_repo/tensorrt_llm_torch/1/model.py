@@ -13,11 +13,12 @@ import json
 import torch
 import triton_python_backend_utils as pb_utils
 
-from tritontts.devices import DTYPES, resolve_device
+from tritontts.devices import DTYPES
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import FinishReason
 from tritontts.llm.triton_io import parse_llm_request, response_arrays
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import EngineGauges, release_metrics
 from tritontts.triton.params import error_response, model_param, optional_input
 from tritontts.triton.stream_sender import Outbox
@@ -67,7 +68,7 @@ class TritonPythonModel:
         enable_stack_dumps()
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        device = resolve_device(model_param(config, "device", default="auto"))
+        device = instance_device(args, model_param(config, "device", default="auto"))
         dtype_name = model_param(config, "dtype", default="auto")
         if dtype_name == "auto":
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

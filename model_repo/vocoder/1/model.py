@@ -8,9 +8,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritontts.cuda_graphs import graphs_wanted
-from tritontts.devices import resolve_device
 from tritontts.spark.codec import SparkCodec
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.instance_device import instance_device
 from tritontts.triton.params import RequestError, error_response, model_param, required_input
 
 GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK = 4096, 8192
@@ -29,7 +29,7 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        device = resolve_device(model_param(config, "device", default="auto"))
+        device = instance_device(args, model_param(config, "device", default="auto"))
         graphs = graphs_wanted(model_param(config, "cuda_graphs", default="auto"), device)
         self.codec = SparkCodec(
             model_param(config, "model_dir"), device, with_tokenizer=False, cuda_graphs=graphs

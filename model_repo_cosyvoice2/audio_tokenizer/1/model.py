@@ -11,10 +11,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
-from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, SPEECH_TOKENIZER_FILE, SpeechTokenizer
+from tritontts.cosyvoice2.frontend import (
+    INPUT_SAMPLE_RATE,
+    SPEECH_TOKENIZER_FILE,
+    SpeechTokenizer,
+    onnx_device,
+)
 from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
 from tritontts.spark.service import RequestLimits, check_reference_wav
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import VoiceCacheCounters, release_metrics
 from tritontts.triton.params import error_response, model_param, waveform_input
 from tritontts.voice_cache import VoiceCache, audio_key
@@ -26,9 +32,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         model_dir = model_param(config, "model_dir")
         tokenizer_file = model_param(config, "tokenizer_file", default=SPEECH_TOKENIZER_FILE)
+        device = instance_device(args, onnx_device(model_param(config, "device", default="auto")))
         self.tokenizer = SpeechTokenizer(
             f"{model_dir}/{tokenizer_file}",
-            model_param(config, "device", default="auto"),
+            str(device),
             model_param(config, "onnx_threads", int, default=1),
         )
         self.id_offset = model_param(config, "id_offset", int, default=ORIGINAL_VOCAB_SIZE)

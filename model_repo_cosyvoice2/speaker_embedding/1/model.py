@@ -9,8 +9,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits, check_waveform
-from tritontts.cosyvoice2.frontend import CAMPPLUS_FILE, INPUT_SAMPLE_RATE, SpeakerEmbedder
+from tritontts.cosyvoice2.frontend import CAMPPLUS_FILE, INPUT_SAMPLE_RATE, SpeakerEmbedder, onnx_device
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import VoiceCacheCounters, release_metrics
 from tritontts.triton.params import error_response, model_param, required_input
 from tritontts.voice_cache import VoiceCache, audio_key
@@ -21,9 +22,10 @@ class TritonPythonModel:
         enable_stack_dumps()
         config = json.loads(args["model_config"])
         model_dir = model_param(config, "model_dir")
+        device = instance_device(args, onnx_device(model_param(config, "device", default="auto")))
         self.embedder = SpeakerEmbedder(
             f"{model_dir}/{CAMPPLUS_FILE}",
-            model_param(config, "device", default="auto"),
+            str(device),
             model_param(config, "onnx_threads", int, default=1),
         )
         self.limits = AudioLimits(

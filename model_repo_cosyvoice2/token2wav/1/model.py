@@ -24,7 +24,7 @@ class TritonPythonModel:
         enable_stack_dumps()
         config = json.loads(args["model_config"])
         model_dir = model_param(config, "model_dir")
-        device, dtype, graphs = flow_placement(config)
+        device, dtype, graphs = flow_placement(config, args)
         self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, flow_graphs=graphs)
         self.stages = token2wav_stage_seconds(pb_utils, args)
         self.instances = stream_instances(config)

@@ -31,7 +31,7 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        device, dtype, graphs = flow_placement(config, "1", batch_sizes_param=False)
+        device, dtype, graphs = flow_placement(config, args, "1", batch_sizes_param=False)
         self.model = DiTToken2Wav.from_model_dir(
             model_param(config, "model_dir"), device=device, dtype=dtype, flow_graphs=graphs
         )

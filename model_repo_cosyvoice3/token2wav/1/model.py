@@ -22,7 +22,7 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        device, dtype, graphs = flow_placement(config)
+        device, dtype, graphs = flow_placement(config, args)
         self.model = Token2Mel.from_model_dir(model_param(config, "model_dir"), device, dtype, graphs)
         self.stages = token2wav_stage_seconds(pb_utils, args)
         if device.type == "cuda" and self.model.default is not None:

@@ -13,8 +13,8 @@ from tritontts.cosyvoice2.warmup import streamed_mel_lengths, warm_up_vocoder
 from tritontts.cosyvoice3.hift import load_causal_hift
 from tritontts.cosyvoice3.wire import parse_vocoder_inputs
 from tritontts.cuda_graphs import graphs_wanted
-from tritontts.devices import resolve_device
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.instance_device import instance_device
 from tritontts.triton.params import error_response, model_param, optional_input
 
 
@@ -22,7 +22,7 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        self.device = resolve_device(model_param(config, "device", default="auto"))
+        self.device = instance_device(args, model_param(config, "device", default="auto"))
         max_seconds = model_param(config, "max_seconds", float, default=300.0)
         self.hift = load_causal_hift(
             model_param(config, "model_dir"), device=self.device, max_seconds=max_seconds
