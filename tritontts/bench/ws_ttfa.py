@@ -22,7 +22,6 @@ from tritontts.bench.stats import percentile
 PIECE = re.compile(
     r"\s*[\u3000-\u9fff\uac00-\ud7af\uff00-\uffef]|\s*[^\s\u3000-\u9fff\uac00-\ud7af\uff00-\uffef]+"
 )
-STREAM_PATH = "/v1/audio/speech/stream"
 
 
 def pieces(text: str) -> list[str]:
