@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a session may take")
     p.add_argument("--label", default="", help="added to each row's layout, e.g. the voice")
+    p.add_argument(
+        "--gpu-count", type=int, default=None, help="GPUs the servers use (default: 1 on a GPU host)"
+    )
     p.add_argument("--commit", default="auto")
     p.add_argument("--output", type=Path, required=True)
     args = p.parse_args(argv)
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = run_levels(load, args.levels, args.rounds, args.warmup)
     summaries = [level.summary() for level in levels]
     device = detect_device()
-    gpu_count = device.machine_gpus if device.kind == "cuda" else 0
+    gpu_count = args.gpu_count if args.gpu_count is not None else int(device.kind == "cuda")
     shown = [a if a != args.api_key else "KEY" for a in (argv if argv is not None else sys.argv[1:])]
     data = {
         "meta": {
