@@ -3,7 +3,9 @@
 What must hold: mixed offline and streaming traffic at concurrency 8 (Spark-TTS streaming and offline, CosyVoice2
 streaming) for `TRITONTTS_SOAK_SECONDS` (CI: 30 s; scripts/soak.py: 30 min and more): zero errors, and the
 resident memory (VmRSS) of tritonserver and of every stub, sampled every 2 s, grows by at most 5% after warm-up
-(the first third). The report splits it into private (RssAnon), shared-memory pool (RssShmem) and mapped-file
+(the first half; 10% on runs under 5 minutes, whose 15 s after warm-up see a stub's or tritonserver's allocator
+step as several percent: measured 5.8-11.6% on the 2-core CI machine at commits with and without this check's
+subject changed). The report splits it into private (RssAnon), shared-memory pool (RssShmem) and mapped-file
 (RssFile) pages and gives each stub's pool size: on long soaks tritonserver's private memory keeps growing slowly
 (glibc's per-thread arenas reaching their high-water marks: flat with MALLOC_ARENA_MAX=1), which the report shows
 and the 30-minute soak judges. Latencies go to the report, not into assertions.
@@ -45,6 +47,7 @@ TRITON_MODELS = [build_reliability_models, build_cosyvoice2_models, build_reliab
 pytestmark = pytest.mark.reliability
 CONCURRENCY = 8
 GROWTH = 0.05
+SHORT_RUN_GROWTH, SHORT_RUN_S = 0.10, 300
 SAMPLE_S = 2.0
 
 
@@ -91,7 +94,8 @@ def test_mixed_traffic_at_concurrency_8_has_no_errors_and_flat_memory(server, pr
     stop.set()
     sampler.join()
     errors = [r[:4] for r in results if r[1] != "ok"]
-    warm = start + seconds / 3
+    warm = start + seconds / 2
+    tolerance = GROWTH if seconds >= SHORT_RUN_S else SHORT_RUN_GROWTH
     pools_after = shm_pool_bytes(server.server.pid)
     growth, anon_growth = memory_growth(samples, warm), memory_growth(samples, warm, "anon")
     record(
@@ -119,8 +123,8 @@ def test_mixed_traffic_at_concurrency_8_has_no_errors_and_flat_memory(server, pr
     )
     assert errors == [], errors[:10]
     assert len(results) >= CONCURRENCY
-    grown = {k: v for k, v in growth.items() if v > GROWTH}
-    assert grown == {}, f"resident memory grew by more than {GROWTH:.0%} after warm-up: {grown}"
+    grown = {k: v for k, v in growth.items() if v > tolerance}
+    assert grown == {}, f"resident memory grew by more than {tolerance:.0%} after warm-up: {grown}"
 
 
 def one_request(server, model: str, kind: str, arrays: dict) -> tuple[str, str]:
