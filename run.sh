@@ -321,6 +321,7 @@ if [ -z "$python" ]; then
   if [ -x "$venv_dir/bin/python" ] && [ "$in_container" = false ]; then python=$venv_dir/bin/python; else python=python3; fi
 fi
 decoupled=$([ "$mode" = streaming ] && echo True || echo False)
+stream_calls=$([ "$mode" = streaming ] && echo true || echo false)   # token2wav: offline captures no streaming flow graphs
 
 disagg_state=$model_home/disagg/state.json     # stage 7's servers: their logs and pid files are beside it
 dp_state=$model_home/data_parallel/state.json  # stage 3's servers with --gpus
@@ -355,7 +356,7 @@ write_cosyvoice2_models() {
       audio_tokenizer) fill "$repo/$name/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}" ;;
       speaker_embedding) fill "$repo/$name/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}" ;;
       token2wav) fill "$repo/$name/config.pbtxt" \
-        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}" ;;
+        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}" ;;
       token2wav_dit) fill "$repo/$name/config.pbtxt" \
         "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},max_reference_seconds:${max_reference_seconds}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
@@ -389,7 +390,7 @@ write_cosyvoice3_models() {
   fill "$repo/audio_tokenizer/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}"
   fill "$repo/speaker_embedding/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}"
   fill "$repo/token2wav/config.pbtxt" \
-    "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}"
+    "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}"
   fill "$repo/vocoder/config.pbtxt" \
     "model_dir:${abs_t2w_dir},${common},device:${model_device},instance_num:${vocoder_instance_num},max_seconds:${vocoder_max_seconds},cuda_graphs:${token2wav_cuda_graphs}"
   [ -z "$endpoint" ] || llm_model=none

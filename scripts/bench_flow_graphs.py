@@ -243,6 +243,12 @@ def main() -> int:
         help="run the eager side of the lockstep streams only up to this many (16 eager streams take a minute)",
     )
     parser.add_argument(
+        "--graph-batch-sizes",
+        type=lambda v: tuple(sorted({int(n) for n in v.split(",")})),
+        default=(1, 2, 4, 8, 16),
+        help="batch sizes to capture (run.sh serves with 1,2,4,8; more streams go in several batches)",
+    )
+    parser.add_argument(
         "--compile-frames",
         type=lambda v: [int(n) for n in v.split(",") if n],
         default=[],
@@ -278,7 +284,7 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         return 0
     flow, steps = t2w.flow, t2w.flow.config.cfm.n_timesteps
-    graph_config = FlowGraphConfig(batch_sizes=(1, 2, 4, 8, 16))  # the default buckets and memory limit
+    graph_config = FlowGraphConfig(batch_sizes=args.graph_batch_sizes)  # the default buckets and memory limit
     report = use_graphs_on(t2w, graph_config)
     graphed = flow.graphed_decoder
     hift_graphs = (t2w.hift.f0_graphs, t2w.hift.decode_graphs)

@@ -92,7 +92,7 @@ def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: P
         "token2wav",
         repo,
         prefix + "token2wav",
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,instance_num:1,cuda_graph_batch_sizes:1\\,2",
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2",
     )
     for llm, slots in LLM_SLOTS.items():
         install_llm_engine(repo, prefix + llm, llm_dir, llm == "tensorrt_llm", slots)

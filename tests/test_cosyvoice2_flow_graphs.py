@@ -225,6 +225,16 @@ def test_deployment_parameters() -> None:
         flow_graph_config("true", "1;2", gpu)
 
 
+def test_stream_calls_parameter() -> None:
+    """An offline deployment (stream_calls false) captures only the graphs of whole-utterance calls."""
+    gpu = torch.device("cuda")
+    assert flow_graph_config("auto", "1", gpu).streaming == (False, True)
+    assert flow_graph_config("auto", "1", gpu, "false", "true").streaming == (False, True)
+    assert flow_graph_config("auto", "1", gpu, "false", "false").streaming == (False,)
+    with pytest.raises(ValueError, match="stream_calls must be true or false, got 'offline'"):
+        flow_graph_config("auto", "1", gpu, "false", "offline")
+
+
 def test_flow_compile_parameter() -> None:
     gpu = torch.device("cuda")
     assert flow_graph_config("auto", "1", gpu).compile is False

@@ -90,6 +90,8 @@ def test_a_serving_part_writes_a_schema_json_and_results_md(first_run):
     assert data["raw"]["runs"][0]["succeeded"] == 4
     assert results.check(home / "out") == []  # RESULTS.md regenerated from the JSON
     assert "spark_tts:streaming  done" in (home / "exp" / "suite" / "status.txt").read_text()
+    server_log = home / "exp" / "suite" / "parts" / "spark_tts_streaming" / "server.log"
+    assert "successfully loaded 'spark_tts'" in server_log.read_text()  # the start's own log, kept
 
 
 @pytest.mark.slow
@@ -326,3 +328,4 @@ def test_on_a_gpu_the_flow_graphs_part_caps_its_eager_streams(tmp_path, monkeypa
     (argv,) = seen
     assert argv[1].endswith("bench_flow_graphs.py")
     assert argv[argv.index("--eager-max-streams") + 1] == "4" and "--device" not in argv
+    assert argv[argv.index("--graph-batch-sizes") + 1] == "1,2,4,8"  # what run.sh serves with

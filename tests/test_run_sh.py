@@ -280,6 +280,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         "1,3",
     )
     assert token2wav["flow_compile"] == "true"
+    assert token2wav["stream_calls"] == ("true" if mode == "streaming" else "false")
     assert len(parsed["token2wav"].instance_group) == 1 and parsed["token2wav"].instance_group[0].count == 2
     # streams stay on the instance that holds their state: the sequence batcher routes them (offline: no state)
     assert parsed["token2wav"].HasField("sequence_batching") is (mode == "streaming")

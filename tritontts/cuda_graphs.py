@@ -124,12 +124,15 @@ def graphs_wanted(switch: str, device: torch.device) -> bool:
 
 
 def flow_graph_config(
-    switch: str, batch_sizes: str, device: torch.device, compile: str = "false"
+    switch: str, batch_sizes: str, device: torch.device, compile: str = "false", stream_calls: str = "true"
 ) -> FlowGraphConfig | None:
-    """A deployment's `cuda_graphs` (auto: on for CUDA), `cuda_graph_batch_sizes` ("1,2,4,8") and `flow_compile`
-    (auto: where there are graphs; true: graphs required) parameters."""
+    """A deployment's `cuda_graphs` (auto: on for CUDA), `cuda_graph_batch_sizes` ("1,2,4,8"), `flow_compile`
+    (auto: where there are graphs; true: graphs required) and `stream_calls` (false: an offline deployment, whose
+    calls are whole utterances, so only the non-streaming graphs are captured) parameters."""
     if compile not in ("auto", "true", "false"):
         raise ValueError(f"flow_compile must be auto, true or false, got {compile!r}")
+    if stream_calls not in ("true", "false"):
+        raise ValueError(f"stream_calls must be true or false, got {stream_calls!r}")
     if not graphs_wanted(switch, device):
         if compile == "true":
             raise ValueError(
@@ -142,4 +145,5 @@ def flow_graph_config(
         raise ValueError(
             f"cuda_graph_batch_sizes must be comma-separated integers, got {batch_sizes!r}"
         ) from None
-    return FlowGraphConfig(batch_sizes=sizes, compile=compile != "false")
+    streaming = (False, True) if stream_calls == "true" else (False,)
+    return FlowGraphConfig(batch_sizes=sizes, streaming=streaming, compile=compile != "false")

@@ -52,6 +52,9 @@ from tritontts.bench.suite_state import PartStatus, SuiteState, render_status
 
 EAGER_MAX_STREAMS = 4
 """flow_graphs on a GPU: the eager side of the lockstep streams up to 4 (16 eager streams take a minute)"""
+SERVED_FLOW_BATCH_SIZES = "1,2,4,8"
+"""flow_graphs captures the batch sizes run.sh serves with (`--token2wav_graph_batch_sizes`): 16 streams go in
+two batches of 8, as in a served token2wav"""
 
 
 class PartFailed(Exception):
@@ -140,6 +143,7 @@ class Runner:
                 args += ["--device", "cpu", *(["--streams", "1"] if part == "flow_graphs" else [])]
             elif part == "flow_graphs":
                 args += ["--eager-max-streams", str(EAGER_MAX_STREAMS)]
+                args += ["--graph-batch-sizes", SERVED_FLOW_BATCH_SIZES]
             args += ["--preset", "tiny"] if tiny else []
             argv = self.python_script(f"bench_{part}.py", *args)
         self.command(argv, log, deadline, commands)
@@ -176,6 +180,9 @@ class Runner:
                 self.command(stop, log, time.monotonic() + STOP_TIMEOUT_S, [])
             except PartFailed as error:
                 self.echo(f"{part}: run.sh stop failed ({error}); see {log}")
+            server_log = c.exp_dir / family / "tritonserver.log"  # where its start spent its time
+            if server_log.is_file():
+                (folder / "server.log").write_bytes(server_log.read_bytes())
         summary = json.loads((bench_dir / "summary.json").read_text(encoding="utf-8"))
         for name in ("summary.json", "summary.md"):
             (folder / name).write_bytes((bench_dir / name).read_bytes())

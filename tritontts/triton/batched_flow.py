@@ -35,11 +35,9 @@ def flow_placement(
     if batch_sizes_param:
         sizes = model_param(config, "cuda_graph_batch_sizes", default=default_batch_sizes)
     compile = model_param(config, "flow_compile", default="false")
-    return (
-        device,
-        dtype,
-        flow_graph_config(model_param(config, "cuda_graphs", default="auto"), sizes, device, compile),
-    )
+    stream_calls = model_param(config, "stream_calls", default="true")
+    switch = model_param(config, "cuda_graphs", default="auto")
+    return device, dtype, flow_graph_config(switch, sizes, device, compile, stream_calls)
 
 
 def execute_batched(
