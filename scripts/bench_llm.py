@@ -397,7 +397,17 @@ def main() -> None:
     args = parse_args()
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     torch.manual_seed(0)
+    clock = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[phase] = round(now - clock, 1)
+        clock = now
+
     ours_model, hf = build_models(args, device, dtype)
+    lap("load_models")
     vocab = ours_model.config.vocab_size
     start = time.perf_counter()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -423,9 +433,11 @@ def main() -> None:
         top_k_kernel=args.top_k_kernel,
     )
     build_s = time.perf_counter() - start
+    lap("engine_build")
     check = {}
     if engine.runner.decode_attention == "triton" and device.type == "cuda":
         check = decode_attention_check(engine.runner, args.compile)
+    lap("decode_attention_check")
     ours = bench_ours(engine, args, device, vocab)
     if args.profile and device.type == "cuda" and engine.runner.graphs:
         try:
@@ -441,11 +453,14 @@ def main() -> None:
         "candidate_counts": engine.runner.candidate_counts,
     }
     del engine
+    lap("ours")
     hf_results = bench_hf(hf, args, device, vocab) if hf is not None else {}
+    lap("transformers")
     del hf
     if device.type == "cuda":
         torch.cuda.empty_cache()
     reference = run_reference(args) if args.reference else {}
+    lap("reference")
     transformers = import_transformers()
 
     report = {
@@ -464,6 +479,7 @@ def main() -> None:
         }
         | runner_info,
         "decode_attention_check": check,
+        "phase_seconds": seconds,
         "ours": ours,
         "transformers_generate": hf_results,
         "targets": TARGETS,

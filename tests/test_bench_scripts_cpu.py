@@ -82,6 +82,8 @@ def test_bench_llm_and_its_reference_on_cpu(tmp_path: Path):
     assert report["dtype"] == "fp32" and report["settings"]["device"] == "cpu"
     assert report["settings"]["graphs_captured"] is False and report["settings"]["decode_graphs"] == 0
     assert report["settings"]["decode_attention_used"] == "torch"
+    phases = ("load_models", "engine_build", "decode_attention_check", "ours", "transformers", "reference")
+    assert list(report["phase_seconds"]) == list(phases)  # where a run's time goes
     ours = report["ours"]
     assert_positive(ours, "prefill_ms")
     for name in ("graph", "padded_eager", "unpadded_eager"):
