@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import median_ms
 
 PROMPT_TOKENS = 75  # 3 s at 25 tokens/s
@@ -174,9 +175,10 @@ def main() -> int:
             cases[name][f"{path}_ms"] = round(median_ms(call, args.reps, device, setup=setup), 2)
             if decoder is not None:
                 cases[name]["decoder_calls"] = {k: graphed.calls[k] - before[k] for k in before}
+            cases[name][f"{path}_kernels"] = kernels_per_call(call, device, setup=setup)
         t2w.cancel(STREAM)
         cases[name]["speedup"] = round(cases[name]["eager_ms"] / cases[name]["graphed_ms"], 2)
-        print(name, cases[name], flush=True)
+        print(name, {k: v for k, v in cases[name].items() if not k.endswith("_kernels")}, flush=True)
         if device.type == "cuda" and cases[name]["decoder_calls"]["graph"] == 0:
             print(f"warning: {name} ran no graph (calls {cases[name]['decoder_calls']})", flush=True)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, median_ms, synchronize
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
@@ -356,6 +357,7 @@ def main() -> int:
         clock = StageClock(device)
         first_ms = median_ms(first_chunk, args.reps, device)
         offline_ms = median_ms(offline_call, args.reps, device)
+        kernels = kernels_per_call(first_chunk, device)
         inner = decoder or flow.decoder
         flow.graphed_decoder = clock.wrap("flow_decoder", inner)
         t2w.hift.inference = clock.wrap("hift", hift_inference)
@@ -369,8 +371,10 @@ def main() -> int:
             "first_chunk_ms": round(first_ms, 2),
             "offline_5s_ms": round(offline_ms, 2),
             "first_chunk_stages_ms": stages,
+            "first_chunk_kernels": kernels,
         }
-        print(path, result[path], flush=True)
+        print(path, {k: v for k, v in result[path].items() if k != "first_chunk_kernels"}, flush=True)
+        print(f"{path} first chunk: {kernels['per_call']:.0f} {kernels['unit']}", flush=True)
     result["streams"] = []
     for streams in args.streams:
         eager = args.eager_max_streams is None or streams <= args.eager_max_streams

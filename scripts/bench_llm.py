@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.llm.config import Qwen2Config
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.loader import build_model, load_pretrained
@@ -263,37 +264,17 @@ def first_token(engine: LLMEngine, args, device: torch.device, vocab: int) -> di
 
 def profile_decode(engine: LLMEngine, args, steps: int = 20) -> dict:
     """Kernel count and GPU time per replayed decode step (torch.profiler sees the kernels in the graph)."""
-    from torch.profiler import ProfilerActivity, profile
-
     runner, results = engine.runner, {}
     keys = runner.kv_bucket(args.prompt_len + args.gen_len)
     count = runner.candidates([SamplingParams(temperature=args.temperature, top_k=args.top_k)])
     for batch in [b for b in (1, 16, 64) if (b, keys, count) in runner.graphs]:
         graph = runner.graphs[batch, keys, count]
         graph.replay()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                graph.replay()
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-        total_us = sum(e.self_device_time_total for e in kernels)
-        top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
-        results[f"batch_{batch}_kv_{keys}"] = {
-            "kernels_per_step": sum(e.count for e in kernels) / steps,
-            "kernel_ms_per_step": total_us / steps / 1e3,
-            "top": [
-                {
-                    "name": e.key[:120],
-                    "per_step": e.count / steps,
-                    "us_per_step": e.self_device_time_total / steps,
-                }
-                for e in top
-            ],
-        }
+        profile = kernels_per_call(graph.replay, runner.device, calls=steps, top=30)
+        results[f"batch_{batch}_kv_{keys}"] = profile
         print(
-            f"profile batch {batch}: {results[f'batch_{batch}_kv_{keys}']['kernels_per_step']:.0f} kernels,"
-            f" {total_us / steps / 1e3:.3f} ms of kernels per step",
+            f"profile batch {batch}: {profile['per_call']:.0f} kernels, {profile['ms_per_call']:.3f} ms of"
+            " kernels per step",
             flush=True,
         )
     return results

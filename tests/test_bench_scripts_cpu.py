@@ -140,6 +140,8 @@ def test_bench_flow_graphs_cpu_dry_check(tmp_path: Path):
         stages = result[path]["first_chunk_stages_ms"]
         assert_positive(stages, "flow_decoder", "hift", "total")
         assert stages["total"] >= stages["flow_decoder"] + stages["hift"] - 1e-6, stages
+        kernels = result[path]["first_chunk_kernels"]  # on the CPU: aten operators per call
+        assert kernels["unit"] == "CPU operators" and kernels["per_call"] > 100 and kernels["top"], kernels
     assert [(r["streams"], r["path"]) for r in result["streams"]] == [
         (1, "eager"),
         (1, "graphed"),

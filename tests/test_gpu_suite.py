@@ -273,6 +273,32 @@ def test_the_script_parts_outputs_become_headline_rows():
     }
     rows = _valid(suite_rows.dit_flow_graphs_rows(dit))
     assert [r["metric"] for r in rows][0] == "first streamed chunk, padded calls, no capture"
+
+
+def test_kernel_counts_become_rows_where_the_bench_recorded_them():
+    def count(per_call: float) -> dict:
+        return {"unit": "CUDA kernels", "calls": 3, "per_call": per_call, "ms_per_call": 40.0, "top": []}
+
+    flow = {
+        "flow_dtype": "torch.float16",
+        "capture": {"graphs": 40},
+        "eager": {"first_chunk_ms": 280.0, "offline_5s_ms": 300.0, "first_chunk_kernels": count(9000.0)},
+        "graphed": {"first_chunk_ms": 49.0, "offline_5s_ms": 55.0, "first_chunk_kernels": count(8990.0)},
+    }
+    (row,) = [r for r in _valid(suite_rows.flow_graphs_rows(flow)) if r["unit"] == "kernels"]
+    assert row["metric"] == "CUDA kernels per first streamed chunk, CUDA graphs" and row["value"] == 8990.0
+    assert row["note"] == "40.0 ms of them; eager: 9000.0 in 40.0 ms"
+    case = {
+        "eager_ms": 9.0,
+        "graphed_ms": 8.0,
+        "graphed_kernels": count(500.0),
+        "eager_kernels": count(600.0),
+    }
+    dit = {"flow_dtype": "torch.float16", "capture": {"graphs": 30}, "cases": {"first_chunk": case}}
+    rows = _valid(suite_rows.dit_flow_graphs_rows(dit))
+    assert [(r["unit"], r["value"]) for r in rows] == [("ms", 8.0), ("kernels", 500.0)]
+    del flow["graphed"]["first_chunk_kernels"]  # a JSON from before the count: no row, no error
+    assert all(r["unit"] != "kernels" for r in suite_rows.flow_graphs_rows(flow))
     assert _valid(suite_rows.vocoder_graphs_rows(VOCODER_RAW))[0]["note"] == "eager: 15.2"
 
 

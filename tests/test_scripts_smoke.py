@@ -170,6 +170,9 @@ def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
         assert case["mel_max_abs_diff"] < 1e-3, (name, case)
         # no capture on CPU: the graphed decoder runs every call padded, eagerly
         assert case["decoder_calls"]["graph"] == 0 and case["decoder_calls"]["padded"] > 0, (name, case)
+        for path in ("eager", "graphed"):  # on the CPU the count is of aten operators
+            kernels = case[f"{path}_kernels"]
+            assert kernels["unit"] == "CPU operators" and kernels["per_call"] > 10, (name, path, kernels)
     for name in ("first_chunk", "later_chunk"):
         case = result["cases"][name]
         assert case["cache_att_max_abs_diff"] < 1e-3 and case["cache_cnn_max_abs_diff"] < 1e-3, (name, case)

@@ -109,6 +109,8 @@ def flow_graphs_rows(raw: dict, prompt_tokens: int = 75) -> list[dict]:
             note=f"eager: {eager['offline_5s_ms']}",
         ),
     ]
+    kernels = graphed.get("first_chunk_kernels"), eager.get("first_chunk_kernels")
+    rows += _kernel_rows(model, "first streamed chunk", path, layout, *kernels)
     streams = {(row["streams"], row["path"]): row for row in raw.get("streams", [])}
     for (count, side), row in sorted(streams.items()):
         if side != "graphed":
@@ -129,6 +131,23 @@ def flow_graphs_rows(raw: dict, prompt_tokens: int = 75) -> list[dict]:
             )
         )
     return rows
+
+
+def _kernel_rows(
+    model: str, what: str, path: str, layout: str, graphed: dict | None, eager: dict | None
+) -> list:
+    """The kernels one call launches (`tritontts.bench.kernel_profile`'s count), eager in the note; none where
+    the bench JSON predates the count."""
+    if graphed is None:
+        return []
+    note = f"{graphed['ms_per_call']} ms of them"
+    if eager:
+        note += f"; eager: {eager['per_call']} in {eager['ms_per_call']} ms"
+    return [
+        _metric(
+            model, f"{graphed['unit']} per {what}, {path}", graphed["per_call"], "kernels", layout, note=note
+        )
+    ]
 
 
 DIT_CASES = {
@@ -160,6 +179,8 @@ def dit_flow_graphs_rows(raw: dict) -> list[dict]:
                 note=f"eager: {case['eager_ms']}",
             )
         )
+        kernels = case.get("graphed_kernels"), case.get("eager_kernels")
+        rows += _kernel_rows("cosyvoice2_dit token2wav", label, path, layout, *kernels)
     return rows
 
 
