@@ -335,8 +335,10 @@ def test_status_of_a_fresh_exp_dir_writes_nothing(tmp_path):
     assert not (tmp_path / "exp").exists() and time.monotonic() - started < 60
 
 
-def test_on_a_gpu_the_flow_graphs_part_caps_its_eager_streams(tmp_path, monkeypatch):
-    """16 eager lockstep streams take a minute of the suite's 25: the graphed side keeps every stream count."""
+@pytest.mark.parametrize("part", ["flow_graphs", "engine"])
+def test_on_a_gpu_the_script_parts_skip_what_they_do_not_measure(tmp_path, monkeypatch, part):
+    """16 eager lockstep streams take a minute of the suite's 25: the graphed side keeps every stream count.
+    The engine's 800 tokens fit 1024, so it captures 3 key-length buckets per batch size, not 5."""
     seen: list[list[str]] = []
 
     def record(self, argv, log, deadline, commands):
@@ -345,13 +347,16 @@ def test_on_a_gpu_the_flow_graphs_part_caps_its_eager_streams(tmp_path, monkeypa
 
     monkeypatch.setattr(suite.Runner, "command", record)
     config = suite.SuiteConfig(
-        exp_dir=tmp_path / "exp", out_dir=tmp_path / "out", parts=("flow_graphs",), commit="0123abc"
+        exp_dir=tmp_path / "exp", out_dir=tmp_path / "out", parts=(part,), commit="0123abc"
     )
     runner = suite.Runner(
         config, device=suite.Device("cuda", "NVIDIA H100 80GB HBM3", 1), echo=lambda line: None
     )
     assert runner.run() == 1
     (argv,) = seen
+    if part == "engine":
+        assert argv[1].endswith("bench_llm.py") and argv[argv.index("--max-seq-len") + 1] == "1024"
+        return
     assert argv[1].endswith("bench_flow_graphs.py")
     assert argv[argv.index("--eager-max-streams") + 1] == "4" and "--device" not in argv
     assert argv[argv.index("--graph-batch-sizes") + 1] == "1,2,4,8"  # what run.sh serves with
