@@ -136,6 +136,15 @@ def test_one_table_row_per_headline_row(bench: Path):
     assert "0.5" not in "".join(serving), "an archived file's rows are not listed"
 
 
+def test_a_full_commit_is_shown_as_git_abbreviates_it(tmp_path: Path):
+    folder = tmp_path / "benchmarks"
+    full = "4114b703bbcd558f997201efde0e5db38a6cd19d"
+    write_json(folder / "a.json", {"meta": dict(META, commit=full), "headline": [SERVING]})
+    assert results.write(folder) == []
+    (row,) = table_rows((folder / results.RESULTS_NAME).read_text(), "Serving")
+    assert " | 4114b70 | " in row and full not in row
+
+
 def test_the_repository_tables_hold_every_headline_row():
     files, _ = results.load_files(BENCHMARKS)
     current = [f for f in files if not f.archived]

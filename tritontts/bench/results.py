@@ -207,7 +207,8 @@ def _command(meta: dict) -> str:
 
 
 def _commit(meta: dict, row: dict) -> str:
-    return _COMMIT.match(row.get("commit") or meta["commit"]).group(0)
+    """The commit as git abbreviates it (7 digits): a table column, the JSON keeps what it recorded."""
+    return _COMMIT.match(row.get("commit") or meta["commit"]).group(0)[:7]
 
 
 SERVING_KEYS = (*SERVING_FIELDS, "note")
