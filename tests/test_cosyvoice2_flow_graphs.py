@@ -11,9 +11,10 @@ import torch
 from hift_models import constant_source_hift
 
 from tritontts.cosyvoice2.flow import Flow, load_flow
-from tritontts.cosyvoice2.flow.graphs import GraphedCFM
+from tritontts.cosyvoice2.flow import graphs as graphs_module
+from tritontts.cosyvoice2.flow.graphs import WARM_UP_STEPS, GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
-from tritontts.cuda_graphs import FlowGraphConfig, flow_graph_config
+from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig, flow_graph_config
 from tritontts.synthetic.cosyvoice2_flow import write_flow
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -100,6 +101,37 @@ def test_bucket_choice_and_config_errors() -> None:
 def test_capture_needs_a_cuda_model(flow: Flow) -> None:
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA model"):
         GraphedCFM(flow.decoder, STEPS).capture()
+
+
+def test_each_capture_warms_up_with_two_steps_and_captures_every_step(
+    flow: Flow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The eager run before a capture (lazy kernels, workspaces) launches each kernel of the loop once at the
+    graph's shapes: 2 Euler steps, not all of them. Capture itself needs CUDA: here its two calls are counted."""
+    steps: list[int] = []
+    phases: list[tuple[str, int]] = []
+
+    def capture(run, device, pool, warm_up=None):
+        for name, call in (("warm-up", warm_up), ("captured run", run)):
+            steps.clear()
+            out = call()
+            phases.append((name, len(steps)))
+        return None, out
+
+    def within_limit(keys, capture_key, device, memory_limit_mib, what):
+        for key in keys:
+            capture_key(key, None)
+        return CaptureReport(len(keys), 0.0, 0.0)
+
+    monkeypatch.setattr(graphs_module, "capture_graph", capture)
+    monkeypatch.setattr(graphs_module, "capture_within_limit", within_limit)
+    hook = flow.decoder.estimator.register_forward_pre_hook(lambda module, args: steps.append(1))
+    try:
+        with torch.inference_mode():
+            GraphedCFM(flow.decoder, STEPS, FlowGraphConfig(buckets=(64,))).capture()
+    finally:
+        hook.remove()
+    assert phases == [("warm-up", WARM_UP_STEPS), ("captured run", STEPS)] * 2  # without and with streaming
 
 
 def test_flow_inference_through_the_bucketed_decoder(flow: Flow, tmp_path: Path) -> None:

@@ -32,13 +32,16 @@ def require_cuda(device: torch.device) -> None:
         raise ValueError(f"CUDA graphs need a CUDA model, this one is on {device}")
 
 
-def capture_graph(run: Callable[[], T], device: torch.device, pool: tuple) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Run `run` once on a side stream (lazy kernels, workspaces), then capture it into `pool`; returns the
-    graph and what the captured run returned (its static outputs)."""
+def capture_graph(
+    run: Callable[[], T], device: torch.device, pool: tuple, warm_up: Callable[[], object] | None = None
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Run `warm_up` (default: `run`) once on a side stream (lazy kernels, workspaces), then capture `run` into
+    `pool`; returns the graph and what the captured run returned (its static outputs). A `warm_up` must launch
+    every kernel `run` does, at the same shapes (a loop's body once, not all its iterations)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        run()
+        (warm_up or run)()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
