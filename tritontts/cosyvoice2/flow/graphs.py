@@ -23,7 +23,7 @@ from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig, capture_graph,
 
 WARM_UP_STEPS = 2
 """Euler steps of the eager run before each capture: every kernel of the loop at the graph's shapes (the step
-update included) without the launches of the other steps, which made up about a third of a capture's time"""
+update included) without launching the other steps (launch-bound eagerly: an estimated third of a capture)"""
 
 
 @dataclass
