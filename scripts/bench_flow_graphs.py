@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from tritontts.bench.eager_replay import capture_eagerly
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, median_ms, synchronize
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
@@ -51,22 +52,6 @@ def write_token2wav(folder: Path, preset: str) -> Path:
     write_flow(folder, preset, seed=0)
     write_hift(folder, preset, seed=0)
     return folder
-
-
-class EagerReplay:
-    """A CPU stand-in for a captured CUDA graph: `replay()` runs the call again into the captured output."""
-
-    def __init__(self, run: Callable[[], torch.Tensor]) -> None:
-        self.run = run
-        self.out = run()
-
-    def replay(self) -> None:
-        self.out.copy_(self.run())
-
-
-def capture_eagerly(run: Callable[[], torch.Tensor], device: torch.device, pool: tuple):
-    graph = EagerReplay(run)
-    return graph, graph.out
 
 
 class StageClock:

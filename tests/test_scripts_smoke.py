@@ -1,6 +1,7 @@
-"""The scripts under scripts/ and the `python -m tritontts...` entry points run: each one's --help, and
-bench_dit_flow_graphs.py's CPU dry check end to end. Every script is run for real somewhere in tests/ (RUN_BY:
-the test that runs it) or says why not (NEEDS_GPU, NOT_RUN), so a new script cannot come without a run.
+"""The scripts under scripts/ and the `python -m tritontts...` entry points run: each one's --help, and the CPU
+dry checks of bench_dit_flow_graphs.py and bench_cosyvoice3_flow_graphs.py end to end. Every script is run for
+real somewhere in tests/ (RUN_BY: the test that runs it) or says why not (NEEDS_GPU, NOT_RUN), so a new script
+cannot come without a run.
 
 Each runs as a subprocess of this interpreter (the test virtual environment's python) from a scratch folder,
 with this checkout first on PYTHONPATH, as a user would run it from the repository.
@@ -21,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
 DIT_BENCH = REPO / "scripts" / "bench_dit_flow_graphs.py"
+COSYVOICE3_BENCH = REPO / "scripts" / "bench_cosyvoice3_flow_graphs.py"
 
 
 def entry_points() -> list[str]:
@@ -39,6 +41,7 @@ ENTRY_POINTS = entry_points()
 
 # script: the test that runs it for real ("tests/FILE.py::NAME", NAME a test or the fixture that runs it)
 RUN_BY = {
+    "bench_cosyvoice3_flow_graphs.py": "tests/test_scripts_smoke.py::test_bench_cosyvoice3_flow_graphs_cpu_dry_check",
     "bench_dit_flow_graphs.py": "tests/test_scripts_smoke.py::test_bench_dit_flow_graphs_cpu_dry_check",
     "bench_flow_graphs.py": "tests/test_bench_scripts_cpu.py::test_bench_flow_graphs_cpu_dry_check",
     "bench_gpu_sharing.py": "tests/test_bench_scripts_cpu.py::test_bench_gpu_sharing_cpu_dry_check",
@@ -182,3 +185,57 @@ def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
     )
     # the synthetic checkpoint's temporary folder is removed once loaded
     assert not list((tmp_path / "tmp").rglob("*.pt")) and not list((tmp_path / "tmp").rglob("flow.yaml"))
+
+
+def test_bench_cosyvoice3_flow_graphs_cpu_dry_check(tmp_path: Path):
+    """CosyVoice3's Token2Mel eager against the graphed decoder's padded calls and the encoder's buckets replayed
+    eagerly (no capture on CPU), a synthetic tiny checkpoint."""
+    out = tmp_path / "out" / "cosyvoice3.json"
+    out.parent.mkdir()
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "1", "--out", str(out))
+    done = run_script(COSYVOICE3_BENCH, *args, scratch=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"wrote {out}" in done.stdout
+    result = json.loads(out.read_text())
+
+    assert {
+        "device",
+        "torch",
+        "python",
+        "command",
+        "model",
+        "flow_dtype",
+        "reps",
+        "graph_config",
+        "capture",
+        "cases",
+    } <= set(result)
+    assert result["model"] == "synthetic tiny, seed 0"
+    assert result["flow_dtype"] == "torch.float32"
+    assert result["reps"] == 1
+    assert result["graph_config"]["batch_sizes"] == [1] and result["graph_config"]["compile"] is False
+    assert result["capture"]["graphs"] == 0 and result["capture"]["note"]
+    assert set(result["cases"]) == {"first_chunk", "later_chunk", "offline_5s"}
+    for name, case in result["cases"].items():
+        for key in ("eager_ms", "graphed_ms", "speedup", "mel_max_abs_diff", "mel_abs_max"):
+            assert number(case[key]), (name, key, case[key])
+        assert case["eager_ms"] > 0 and case["graphed_ms"] > 0 and case["speedup"] >= 0, (name, case)
+        assert case["mel_frames"] > 0 and case["mel_abs_max"] > 0, (name, case)
+        # float32 on CPU: the padded calls give the eager mel up to rounding
+        assert case["mel_max_abs_diff"] < 1e-3, (name, case)
+        # no capture on CPU: the graphed decoder runs every call padded, the encoder's buckets replay eagerly
+        assert case["decoder_calls"]["graph"] == 0 and case["decoder_calls"]["padded"] > 0, (name, case)
+        assert case["encoder_calls"]["graph"] > 0, (name, case)
+        for path in ("eager", "graphed"):  # on the CPU the count is of aten operators
+            kernels = case[f"{path}_kernels"]
+            assert kernels["unit"] == "CPU operators" and kernels["per_call"] > 10, (name, path, kernels)
+    # 2 mel frames per token: 15 tokens (3 more look-ahead), 25 after token_offset 100 (3 look-ahead), 125 final
+    assert [result["cases"][name]["mel_frames"] for name in ("first_chunk", "later_chunk", "offline_5s")] == [
+        30,
+        50,
+        250,
+    ]
+    # the synthetic checkpoint's temporary folder is removed once loaded
+    assert not list((tmp_path / "tmp").rglob("*.pt")) and not list(
+        (tmp_path / "tmp").rglob("cosyvoice3.yaml")
+    )

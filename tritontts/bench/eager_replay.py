@@ -1,0 +1,26 @@
+"""A CPU stand-in for `tritontts.cuda_graphs.capture_graph`, so that the token2wav benches' dry checks run the
+bucketed encoder's replay path without CUDA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class EagerReplay:
+    """A captured CUDA graph's stand-in: `replay()` runs the call again into the captured output."""
+
+    def __init__(self, run: Callable[[], torch.Tensor]) -> None:
+        self.run = run
+        self.out = run()
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())
+
+
+def capture_eagerly(
+    run: Callable[[], torch.Tensor], device: torch.device, pool: tuple, warm_up: Callable | None = None
+) -> tuple[EagerReplay, torch.Tensor]:
+    graph = EagerReplay(run)
+    return graph, graph.out
