@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from tritontts.bench.eager_replay import capture_eagerly
+from tritontts.bench.graph_bench import capture_eagerly, max_diff
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, median_ms
 
@@ -44,12 +44,6 @@ LATER_CHUNK_TOKENS = 25
 LOOKAHEAD_TOKENS = 3
 OFFLINE_TOKENS = 125  # 5 s
 SPEECH_VOCAB = 6561
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.shape != b.shape:
-        raise RuntimeError(f"graphed and eager shapes differ: {tuple(a.shape)} and {tuple(b.shape)}")
-    return float((a.float() - b.float()).abs().max())
 
 
 def main() -> int:

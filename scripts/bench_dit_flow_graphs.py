@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tritontts.bench.graph_bench import max_diff
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import median_ms
 
@@ -48,12 +49,6 @@ def write_flow_and_hift(folder: Path, preset: str) -> Path:
     write_flow(folder, preset, seed=0)
     write_hift(folder, preset, seed=0)
     return folder
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.shape != b.shape:
-        raise RuntimeError(f"graphed and eager shapes differ: {tuple(a.shape)} and {tuple(b.shape)}")
-    return float((a.float() - b.float()).abs().max())
 
 
 def main() -> int:

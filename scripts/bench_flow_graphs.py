@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from tritontts.bench.eager_replay import capture_eagerly
+from tritontts.bench.graph_bench import capture_eagerly
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, median_ms, synchronize
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM

@@ -138,62 +138,14 @@ def number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
-    """Eager against the graphed decoder's padded calls (no capture on CPU), a synthetic tiny checkpoint."""
-    out = tmp_path / "out" / "dit.json"
+def run_graph_bench_dry_check(script: Path, tmp_path: Path) -> dict:
+    """A token2wav graph bench on the CPU (tiny synthetic checkpoint, one rep): its JSON, with the fields and the
+    cases both benches share checked. Each case's graphed path ran its padded calls eagerly (no capture on CPU),
+    float32, so it gives the eager mel up to rounding; the kernel counts are aten operators there."""
+    out = tmp_path / "out" / f"{script.stem}.json"
     out.parent.mkdir()
     args = ("--device", "cpu", "--preset", "tiny", "--reps", "1", "--out", str(out))
-    done = run_script(DIT_BENCH, *args, scratch=tmp_path, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert f"wrote {out}" in done.stdout
-    result = json.loads(out.read_text())
-
-    assert {
-        "device",
-        "torch",
-        "python",
-        "command",
-        "model",
-        "flow_dtype",
-        "reps",
-        "graph_config",
-        "capture",
-    } <= set(result)
-    assert result["model"] == "synthetic tiny, seed 0"
-    assert result["flow_dtype"] == "torch.float32"
-    assert result["reps"] == 1
-    assert result["capture"]["graphs"] == 0
-    assert set(result["cases"]) == {"first_chunk", "later_chunk", "offline_5s"}
-    for name, case in result["cases"].items():
-        for key in ("eager_ms", "graphed_ms", "speedup", "mel_max_abs_diff", "mel_abs_max"):
-            assert number(case[key]), (name, key, case[key])
-        assert case["eager_ms"] > 0 and case["graphed_ms"] > 0 and case["speedup"] >= 0, (name, case)
-        assert case["mel_frames"] > 0 and case["mel_abs_max"] > 0, (name, case)
-        # float32 on CPU: the padded calls give the eager mel up to rounding
-        assert case["mel_max_abs_diff"] < 1e-3, (name, case)
-        # no capture on CPU: the graphed decoder runs every call padded, eagerly
-        assert case["decoder_calls"]["graph"] == 0 and case["decoder_calls"]["padded"] > 0, (name, case)
-        for path in ("eager", "graphed"):  # on the CPU the count is of aten operators
-            kernels = case[f"{path}_kernels"]
-            assert kernels["unit"] == "CPU operators" and kernels["per_call"] > 10, (name, path, kernels)
-    for name in ("first_chunk", "later_chunk"):
-        case = result["cases"][name]
-        assert case["cache_att_max_abs_diff"] < 1e-3 and case["cache_cnn_max_abs_diff"] < 1e-3, (name, case)
-    assert (
-        result["cases"]["later_chunk"]["cache_frames_before"]
-        > result["cases"]["first_chunk"]["cache_frames_before"]
-    )
-    # the synthetic checkpoint's temporary folder is removed once loaded
-    assert not list((tmp_path / "tmp").rglob("*.pt")) and not list((tmp_path / "tmp").rglob("flow.yaml"))
-
-
-def test_bench_cosyvoice3_flow_graphs_cpu_dry_check(tmp_path: Path):
-    """CosyVoice3's Token2Mel eager against the graphed decoder's padded calls and the encoder's buckets replayed
-    eagerly (no capture on CPU), a synthetic tiny checkpoint."""
-    out = tmp_path / "out" / "cosyvoice3.json"
-    out.parent.mkdir()
-    args = ("--device", "cpu", "--preset", "tiny", "--reps", "1", "--out", str(out))
-    done = run_script(COSYVOICE3_BENCH, *args, scratch=tmp_path, timeout=300)
+    done = run_script(script, *args, scratch=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"wrote {out}" in done.stdout
     result = json.loads(out.read_text())
@@ -213,7 +165,6 @@ def test_bench_cosyvoice3_flow_graphs_cpu_dry_check(tmp_path: Path):
     assert result["model"] == "synthetic tiny, seed 0"
     assert result["flow_dtype"] == "torch.float32"
     assert result["reps"] == 1
-    assert result["graph_config"]["batch_sizes"] == [1] and result["graph_config"]["compile"] is False
     assert result["capture"]["graphs"] == 0 and result["capture"]["note"]
     assert set(result["cases"]) == {"first_chunk", "later_chunk", "offline_5s"}
     for name, case in result["cases"].items():
@@ -221,14 +172,35 @@ def test_bench_cosyvoice3_flow_graphs_cpu_dry_check(tmp_path: Path):
             assert number(case[key]), (name, key, case[key])
         assert case["eager_ms"] > 0 and case["graphed_ms"] > 0 and case["speedup"] >= 0, (name, case)
         assert case["mel_frames"] > 0 and case["mel_abs_max"] > 0, (name, case)
-        # float32 on CPU: the padded calls give the eager mel up to rounding
         assert case["mel_max_abs_diff"] < 1e-3, (name, case)
-        # no capture on CPU: the graphed decoder runs every call padded, the encoder's buckets replay eagerly
         assert case["decoder_calls"]["graph"] == 0 and case["decoder_calls"]["padded"] > 0, (name, case)
-        assert case["encoder_calls"]["graph"] > 0, (name, case)
-        for path in ("eager", "graphed"):  # on the CPU the count is of aten operators
+        for path in ("eager", "graphed"):
             kernels = case[f"{path}_kernels"]
             assert kernels["unit"] == "CPU operators" and kernels["per_call"] > 10, (name, path, kernels)
+    return result
+
+
+def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
+    """Eager against the graphed decoder's padded calls (no capture on CPU), a synthetic tiny checkpoint."""
+    result = run_graph_bench_dry_check(DIT_BENCH, tmp_path)
+    for name in ("first_chunk", "later_chunk"):
+        case = result["cases"][name]
+        assert case["cache_att_max_abs_diff"] < 1e-3 and case["cache_cnn_max_abs_diff"] < 1e-3, (name, case)
+    assert (
+        result["cases"]["later_chunk"]["cache_frames_before"]
+        > result["cases"]["first_chunk"]["cache_frames_before"]
+    )
+    # the synthetic checkpoint's temporary folder is removed once loaded
+    assert not list((tmp_path / "tmp").rglob("*.pt")) and not list((tmp_path / "tmp").rglob("flow.yaml"))
+
+
+def test_bench_cosyvoice3_flow_graphs_cpu_dry_check(tmp_path: Path):
+    """CosyVoice3's Token2Mel eager against the graphed decoder's padded calls and the encoder's buckets replayed
+    eagerly (no capture on CPU), a synthetic tiny checkpoint."""
+    result = run_graph_bench_dry_check(COSYVOICE3_BENCH, tmp_path)
+    assert result["graph_config"]["batch_sizes"] == [1] and result["graph_config"]["compile"] is False
+    for name, case in result["cases"].items():
+        assert case["encoder_calls"]["graph"] > 0, (name, case)  # the encoder's buckets replayed eagerly
     # 2 mel frames per token: 15 tokens (3 more look-ahead), 25 after token_offset 100 (3 look-ahead), 125 final
     assert [result["cases"][name]["mel_frames"] for name in ("first_chunk", "later_chunk", "offline_5s")] == [
         30,
