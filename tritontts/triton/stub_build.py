@@ -45,6 +45,9 @@ BOOST_DOWNLOAD = re.compile(
 )
 COMMON_TESTS = re.compile(r"^add_subdirectory\(test\)$", re.M)
 KERNEL_ARCHS = re.compile(r'(kernel_library_new PROPERTIES CUDA_ARCHITECTURES )"[^"]*"')
+RAPIDJSON_HEADER = Path("rapidjson") / "document.h"
+SYSTEM_INCLUDES = (Path("/usr/include"), Path("/usr/local/include"))
+NVCC_RELEASE = re.compile(r"\brelease (\d+)\.\d+")
 
 
 class StubBuildError(RuntimeError):
@@ -60,6 +63,7 @@ class StubBuild:
     sources: Path | None = None  # checkouts of SOURCES' names; None: git clone them into work_dir/src
     boost_include: Path = Path("/usr/include")
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cmake_args: tuple[str, ...] = ()  # appended to the configure command, after ours (so they override them)
 
     @property
     def source_root(self) -> Path:
@@ -105,7 +109,41 @@ class StubBuild:
         nvcc = find_nvcc() if self.gpu else None
         if nvcc:
             command.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
-        return command
+        config = self.rapidjson_config_dir()
+        if config is not None:
+            command.append(f"-DRapidJSON_DIR={config}")
+        return [*command, *self.cmake_args]
+
+    def rapidjson_search(self) -> list[Path]:
+        """Where the build may find `rapidjson/document.h`: the usual include folders, those that CPATH and
+        --cmake-arg name (prefixes, `RapidJSON_DIR`'s prefix, standard include directories), and --sources."""
+        defines = cmake_defines(self.cmake_args)
+        env = os.environ.get
+        prefixes = _split(defines.get("CMAKE_PREFIX_PATH", ""), ";") + _split(env("CMAKE_PREFIX_PATH", ""))
+        prefixes += _split(defines.get("RapidJSON_ROOT", ""), ";")
+        if "RapidJSON_DIR" in defines:  # <prefix>/lib/cmake/RapidJSON, <prefix>/cmake, ...
+            config = Path(defines["RapidJSON_DIR"])
+            prefixes += [config, *list(config.parents)[:3]]
+        dirs = [self.boost_include, *SYSTEM_INCLUDES]
+        dirs += [prefix / "include" for prefix in prefixes]
+        dirs += _split(defines.get("CMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES", ""), ";")
+        dirs += _split(env("CPATH", "")) + _split(env("CPLUS_INCLUDE_PATH", ""))
+        if self.sources is not None:
+            dirs += [self.sources, self.sources / "include", *sorted(self.sources.glob("*/include"))]
+        return list(dict.fromkeys(dirs))
+
+    def rapidjson_include(self) -> Path | None:
+        return next((d for d in self.rapidjson_search() if (d / RAPIDJSON_HEADER).is_file()), None)
+
+    def rapidjson_config_dir(self) -> Path | None:
+        """Our RapidJSONConfig.cmake's folder, when rapidjson's headers come from --sources only (common's
+        `find_package(RapidJSON CONFIG)` needs a config; rapidjson's source tree has none)."""
+        found = self.rapidjson_include()
+        if self.sources is None or found is None or not found.is_relative_to(self.sources):
+            return None
+        if "RapidJSON_DIR" in cmake_defines(self.cmake_args):
+            return None
+        return self.work_dir / "trees" / self.tag / "rapidjson-config"
 
     def make_command(self) -> list[str]:
         target = "triton-python-backend-stub"
@@ -134,6 +172,21 @@ class StubBuild:
                 raise StubBuildError(
                     f"--sources {self.sources} is where the patched copies go: choose another"
                 )
+        if self.rapidjson_include() is None:
+            raise StubBuildError(
+                f"no rapidjson headers ({RAPIDJSON_HEADER}) in {', '.join(map(str, self.rapidjson_search()))}"
+                " (apt-get install rapidjson-dev, or put rapidjson's include folder into --sources)"
+            )
+
+
+def cmake_defines(args: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """The `-DNAME[:TYPE]=VALUE` arguments among `args`, as {NAME: VALUE} (a later one wins, as in CMake)."""
+    pairs = [arg[2:].split("=", 1) for arg in args if arg.startswith("-D") and "=" in arg]
+    return {name.split(":", 1)[0]: value for name, value in pairs}
+
+
+def _split(value: str, sep: str = os.pathsep) -> list[Path]:
+    return [Path(part) for part in value.split(sep) if part]
 
 
 def cxx_compiler() -> str | None:
@@ -145,6 +198,20 @@ def find_nvcc() -> str | None:
     """nvcc on PATH, or the CUDA toolkit's usual place."""
     default = Path("/usr/local/cuda/bin/nvcc")
     return shutil.which("nvcc") or (str(default) if default.is_file() else None)
+
+
+def cuda_major(nvcc_version: str) -> int | None:
+    """The CUDA major version in `nvcc --version`'s text ("Cuda compilation tools, release 12.6, V12.6.85")."""
+    found = NVCC_RELEASE.search(nvcc_version)
+    return int(found.group(1)) if found else None
+
+
+def nvcc_cuda_major(nvcc: str) -> int | None:
+    try:
+        result = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return cuda_major(result.stdout)
 
 
 def prepare_trees(plan: StubBuild) -> None:
@@ -177,6 +244,11 @@ def prepare_trees(plan: StubBuild) -> None:
         "CUDA_ARCHITECTURES of kernel_library_new",
         required=plan.gpu,
     )
+    config = plan.rapidjson_config_dir()
+    if config is not None:
+        config.mkdir(parents=True, exist_ok=True)
+        include = plan.rapidjson_include()
+        (config / "RapidJSONConfig.cmake").write_text(f'set(RAPIDJSON_INCLUDE_DIRS "{include}")\n')
 
 
 def _edit(path: Path, pattern: re.Pattern, replacement: str, what: str, required: bool = True) -> None:
