@@ -60,6 +60,7 @@ llm_cuda_graphs=true
 llm_compile=auto                    # torch.compile one decoder layer and the sampling head (on an H100: 1.30 ms/step at batch 1, server up in ~100 s); auto: true on a GPU host (nvidia-smi, --llm_device not cpu), else false
 llm_decode_attention=auto           # torch engine decode steps' attention: auto (the fused Triton kernel on CUDA) | triton | torch
 llm_decode_linear=auto              # torch engine decode steps' projections at batch 1-64 (Triton kernels; the MLP's down projection at batch 1 only): auto (on CUDA) | triton | torch (cuBLAS)
+llm_output_tokens_from=auto         # torch engine: the first vocabulary token the LLM may output; its head computes the rows from it on only: auto (<|s_0|> for the CosyVoice families, whose outputs are speech tokens; <|endoftext|>, the first special token, for Spark-TTS) | all | a token or an id
 llm_stream_interval=auto            # torch engine, streaming: tokens per response; auto: 1 up to 16 running requests, then 1 more per 16 more (fewer sends per step under load)
 trt_dtype=bfloat16
 trt_tp_size=1
@@ -212,6 +213,12 @@ case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --
 case "$llm_decode_attention" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_attention must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$llm_decode_linear" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_linear must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$text_normalization" in true|false) ;; *) echo "run.sh: --text_normalization must be true or false" >&2; exit 2 ;; esac
+if [ "$llm_output_tokens_from" = auto ]; then
+  case "$model" in spark_tts) llm_output_tokens_from="<|endoftext|>" ;; *) llm_output_tokens_from="<|s_0|>" ;; esac
+elif [ "$llm_output_tokens_from" = all ]; then
+  llm_output_tokens_from=0
+fi
+[[ "$llm_output_tokens_from" =~ ^([0-9]+|[^,[:space:]]+)$ ]] || { echo "run.sh: --llm_output_tokens_from must be auto, all, an id or a token without commas or spaces" >&2; exit 2; }
 [[ "$llm_stream_interval" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --llm_stream_interval must be auto or a positive integer" >&2; exit 2; }
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 case "$token2wav_compile" in auto|true|false) ;; *) echo "run.sh: --token2wav_compile must be auto, true or false" >&2; exit 2 ;; esac
@@ -588,7 +595,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     mkdir -p "$model_repo/tensorrt_llm"
     cp -r model_repo/tensorrt_llm_torch/. "$model_repo/tensorrt_llm/"
     fill "$model_repo/tensorrt_llm/config.pbtxt" \
-      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval}"
+      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval},llm_output_tokens_from:${llm_output_tokens_from}"
   fi
   [ -z "$instance_gpus" ] || spread_over_gpus "$model_repo"
 fi
@@ -680,13 +687,15 @@ elif [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
   rm -rf "$disagg_repo"
   mkdir -p "$disagg_repo"
   write_bls_models "$disagg_repo" "$llm_endpoint"
+  llm_extra_output_tokens=""
+  [ "$llm_backend" != torch ] || llm_extra_output_tokens=" --output-tokens-from $llm_output_tokens_from"
   disagg_cli start --model-repo "$disagg_repo" --address "$server_address" --timeout "$server_timeout" \
     --llm-backend "$llm_backend" --llm-model-dir "$llm_dir" --llm-engine-dir "$trt_engines_dir" \
     --llm-gpus "$llm_gpus" --llm-port "$llm_port" --llm-max-batch-size "$llm_server_max_batch_size" \
     --llm-max-seq-len "$llm_max_seq_len" --llm-device "$llm_device" --llm-dtype "$llm_dtype" \
     --llm-cuda-graphs "$llm_cuda_graphs" --llm-compile "$llm_compile" \
     --llm-kv-cache-free-gpu-memory-fraction "$llm_server_kv_cache_fraction" \
-    --llm-command-prefix="$trtllm_serve_prefix" --llm-extra-args="$llm_server_extra_args" \
+    --llm-command-prefix="$trtllm_serve_prefix" --llm-extra-args="$llm_server_extra_args${llm_extra_output_tokens}" \
     --token2wav-gpus "$token2wav_gpus" --instances-per-gpu "$instances_per_gpu" \
     --http-base-port "$disagg_http_base_port" --grpc-base-port "$disagg_grpc_base_port" \
     --metrics-base-port "$disagg_metrics_base_port"

@@ -25,7 +25,7 @@ import torch
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.llm.config import Qwen2Config
 from tritontts.llm.engine import LLMEngine
-from tritontts.llm.loader import build_model, load_pretrained
+from tritontts.llm.loader import build_model, load_pretrained, output_token_id
 from tritontts.llm.model import attention_block, decode_lengths
 from tritontts.llm.runner import DECODE_ATTENTION, ModelRunner
 from tritontts.llm.sequence import SamplingParams
@@ -87,6 +87,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument(
+        "--output-tokens-from",
+        default="0",
+        help="the engine's output window: the first id it may output (a token of --model-dir's tokenizer, or an "
+        "id; 0: the whole vocabulary). run.sh serves Spark-TTS from <|endoftext|> (151643)",
+    )
     parser.add_argument("--profile", action="store_true", help="kernels of a replayed decode step (CUDA)")
     parser.add_argument(
         "--reference", action="store_true", help="then run scripts/bench_llm_reference.py (same sizes)"
@@ -412,6 +418,7 @@ def main() -> None:
         decode_attention=args.decode_attention,
         decode_linear=args.decode_linear,
         top_k_kernel=args.top_k_kernel,
+        output_tokens_from=output_token_id(args.model_dir or ".", args.output_tokens_from),
     )
     build_s = time.perf_counter() - start
     lap("engine_build")

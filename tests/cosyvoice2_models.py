@@ -106,7 +106,7 @@ def install_llm_engine(repo: Path, name: str, llm_dir: Path, decoupled: bool, sl
         repo,
         name,
         f"model_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
-        "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto",
+        "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:<|s_0|>",
     )
 
 

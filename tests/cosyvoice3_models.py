@@ -8,16 +8,15 @@ leaf models `cosyvoice3_audio_tokenizer`, `cosyvoice3_speaker_embedding`, `cosyv
 `cosyvoice3_vocoder`. Each BLS has one instance, so its voice cache is the one every request of that model sees.
 The `text_inbox` model (bistream's text deltas) is model_repo_cosyvoice2's, as run.sh copies it.
 
-Bistream has its own LLM (`SPEECH_ONLY_LLM`, engines `cosyvoice3_speech_llm(_offline)`, BLS `cosyvoice3_bistream`
-and `cosyvoice3_bistream_http` at `BISTREAM_HTTP_PORT`): the converted checkpoint with lm_head's text rows zero.
-The converter copies Qwen's text rows into lm_head as upstream's does, and upstream's CosyVoice3LM has no text
-outputs; the tiny random model's text rows win in bistream segments (right after `<|endofprompt|>`, or after
-the fill token), which upstream's head cannot, and a text id in a segment is an error.
+Bistream has its own engines (`cosyvoice3_speech_llm(_offline)`, BLS `cosyvoice3_bistream`, and
+`cosyvoice3_bistream_http` asking the LLM server at `BISTREAM_HTTP_PORT`) on the same checkpoint. Every engine and
+LLM server serves from `<|s_0|>` on (run.sh's `--llm_output_tokens_from auto`), as upstream's speech-only head:
+the converter copies Qwen's text rows into lm_head as upstream's does, and the tiny random model's text rows would
+otherwise win in bistream segments (right after `<|endofprompt|>`), where a text id is an error.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,7 +34,6 @@ from http_service import health_probe, start_python
 from spark_models import COMMON
 from waiting import wait_started
 
-from tritontts.cosyvoice3 import tokens as cv3
 from tritontts.cosyvoice3.layout import LLM_DIR, MODEL_DIR
 from tritontts.triton.server import free_ports
 
@@ -51,7 +49,6 @@ PRE_LOOKAHEAD_LEN = 3
 VOCODER_MAX_SECONDS = 60
 LEAVES = ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder")
 LLM_HTTP_PORT, BISTREAM_HTTP_PORT = free_ports(2)
-SPEECH_ONLY_LLM = "cosyvoice3_tiny_speech_only_llm"
 BISTREAM_BLS, BISTREAM_HTTP_BLS = PREFIX + "bistream", PREFIX + "bistream_http"
 
 
@@ -74,9 +71,8 @@ def build_cosyvoice3_models(repo: Path, data: Path) -> None:
     )
     install_text_inbox(repo)
     leaves = ",".join(f"{leaf}_model:{PREFIX}{leaf}" for leaf in LEAVES)
-    speech_llm = speech_only_llm(llm_dir, data / SPEECH_ONLY_LLM)  # beside the checkpoint: not in its marker
     for name, decoupled in (("speech_llm", True), ("speech_llm_offline", False)):
-        install_llm_engine(repo, PREFIX + name, speech_llm, decoupled, 4)
+        install_llm_engine(repo, PREFIX + name, llm_dir, decoupled, 4)
     for name, decoupled, llm, api in (
         ("cosyvoice3", True, "tensorrt_llm", ""),
         ("cosyvoice3_offline", False, "tensorrt_llm_offline", ""),
@@ -97,18 +93,6 @@ def build_cosyvoice3_models(repo: Path, data: Path) -> None:
         )
 
 
-def speech_only_llm(llm_dir: Path, out: Path) -> Path:
-    """A copy of the served LLM whose lm_head has zero text rows (upstream's CosyVoice3LM has no text outputs)."""
-    from tritontts.checkpoint import read_state_dict, write_safetensors
-
-    if not out.exists():
-        shutil.copytree(llm_dir, out)
-        state = read_state_dict(out / "model.safetensors")
-        state["lm_head.weight"][: cv3.TEXT_VOCAB_SIZE] = 0
-        write_safetensors(state, out / "model.safetensors")
-    return out
-
-
 @contextmanager
 def openai_llm_server(
     model_dir: Path, log: Path, llm_dir: Path | None = None, port: int = LLM_HTTP_PORT
@@ -118,7 +102,7 @@ def openai_llm_server(
     llm_dir = llm_dir or model_dir.parent / LLM_DIR
     command = [sys.executable, "-m", "tritontts.llm.openai_server", "--model-dir", str(llm_dir),
                "--port", str(port), "--device", "cpu", "--dtype", "float32", "--max-batch-size", "4",
-               "--no-cuda-graphs", "--log-level", "warning"]  # fmt: skip
+               "--no-cuda-graphs", "--output-tokens-from", "<|s_0|>", "--log-level", "warning"]  # fmt: skip
     process = start_python(command, log)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -76,10 +76,21 @@ def test_bench_llm_reaches_transformers_where_scipy_does_not_import(tmp_path: Pa
 def test_bench_llm_and_its_reference_on_cpu(tmp_path: Path):
     """bench_llm.py --device cpu --tiny, with bench_llm_reference.py run by its --reference (torch.compile)."""
     sizes = ("--batch-sizes", "1,2", "--hf-batch-sizes", "1", "--prompt-len", "8", "--gen-len", "6")
-    args = ("--device", "cpu", "--tiny", *sizes, "--max-seq-len", "64", "--reference")
+    args = (
+        "--device",
+        "cpu",
+        "--tiny",
+        *sizes,
+        "--max-seq-len",
+        "64",
+        "--reference",
+        "--output-tokens-from",
+        "100",
+    )
     report = run_json("bench_llm.py", *args, "--output", str(tmp_path / "llm.json"), scratch=tmp_path)
 
     assert report["dtype"] == "fp32" and report["settings"]["device"] == "cpu"
+    assert report["settings"]["output_tokens_from"] == "100"
     assert report["settings"]["graphs_captured"] is False and report["settings"]["decode_graphs"] == 0
     assert report["settings"]["decode_attention_used"] == "torch"
     phases = ("load_models", "engine_build", "decode_attention_check", "ours", "transformers", "reference")

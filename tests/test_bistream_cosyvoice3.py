@@ -3,8 +3,8 @@ parameter `bistream_session` with the LLM inside Triton (`cosyvoice3_bistream`) 
 server (`cosyvoice3_bistream_http`: segment requests over `/v1/completions`), and the speech WebSocket's
 `"bistream": true`.
 
-The tiny synthetic CosyVoice3 (CPU, fp32) with lm_head's text rows zero (cosyvoice3_models: upstream's
-CosyVoice3LM has no text outputs; the random text rows would win in bistream segments). The audio is checked
+The tiny synthetic CosyVoice3 (CPU, fp32), served from `<|s_0|>` on (cosyvoice3_models: the engines' output
+window; upstream's CosyVoice3LM has no text outputs, and the random text rows would win in bistream segments). The audio is checked
 against an LLM-level `run_bistream` with CosyVoice3's ids and prompt text (the system part after `<|sos|>`) over
 gRPC to the offline engine of the same LLM with the BLS's own seeded sampling: 960 samples a speech token (2 mel
 frames of 480).
@@ -25,7 +25,6 @@ from cosyvoice3_models import (
     BISTREAM_HTTP_PORT,
     MAX_NEW_TOKENS,
     PREFIX,
-    SPEECH_ONLY_LLM,
     build_cosyvoice3_models,
     checkpoint_root,
     openai_llm_server,
@@ -114,8 +113,7 @@ def test_cosyvoice3_speaks_before_the_final_push_the_schedules_tokens(server, cl
 def test_disaggregated_cosyvoice3_speaks_the_same_over_completions(server, client, root, expected, tmp_path):
     """`llm_api_base`: each segment is a streamed /v1/completions request (token-id prompt, stop, logit_bias)
     to our server on the same checkpoint with the same seeded sampling, so the audio is the in-Triton one."""
-    llm_dir = root.parent / SPEECH_ONLY_LLM
-    with openai_llm_server(root / MODEL_DIR, tmp_path / "llm_server.log", llm_dir, BISTREAM_HTTP_PORT):
+    with openai_llm_server(root / MODEL_DIR, tmp_path / "llm_server.log", port=BISTREAM_HTTP_PORT):
         over_http, _ = speak(client, HTTP_BLS)
     in_triton, _ = speak(client, BLS)
     assert over_http.size == in_triton.size == len(expected) * SAMPLES_PER_TOKEN

@@ -250,6 +250,8 @@ def test_the_script_parts_outputs_become_headline_rows():
         "speed-up over transformers generate, batch 1, end to end",
     ]
     assert engine[0]["note"] == "bench_llm_reference.py in the same run: 2.000" and "note" not in engine[1]
+    windowed = ENGINE_RAW | {"settings": ENGINE_RAW["settings"] | {"output_tokens_from": "151643"}}
+    assert suite_rows.engine_rows(windowed)[0]["layout"].endswith(", output window from id 151643")
     flow = {
         "flow_dtype": "torch.float16",
         "capture": {"graphs": 40},
@@ -356,6 +358,7 @@ def test_on_a_gpu_the_script_parts_skip_what_they_do_not_measure(tmp_path, monke
     (argv,) = seen
     if part == "engine":
         assert argv[1].endswith("bench_llm.py") and argv[argv.index("--max-seq-len") + 1] == "1024"
+        assert argv[argv.index("--output-tokens-from") + 1] == "151643"  # run.sh's window for Spark-TTS
         return
     assert argv[1].endswith("bench_flow_graphs.py")
     assert argv[argv.index("--eager-max-streams") + 1] == "4" and "--device" not in argv

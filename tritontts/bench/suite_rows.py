@@ -28,6 +28,8 @@ def engine_rows(raw: dict) -> list[dict]:
     if settings.get("compile"):
         path += " + torch.compile"
     layout = f"scripts/bench_llm.py, {path}, {raw.get('dtype', '?')}"
+    if str(settings.get("output_tokens_from", "0")) not in ("0", ""):
+        layout += f", output window from id {settings['output_tokens_from']}"
     ours, reference = raw.get("ours", {}), raw.get("reference") or {}
     rows = []
     batches = sorted((k for k in ours if re.fullmatch(r"batch_\d+", k)), key=lambda k: int(k[6:]))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from tritontts.llm.loader import load_pretrained
+from tritontts.llm.loader import load_pretrained, output_token_id
 from tritontts.llm.model import Qwen2ForCausalLM
 from tritontts.llm.runner import ModelRunner, PendingTokens
 from tritontts.llm.scheduler import Scheduler
@@ -62,7 +62,11 @@ class LLMEngine:
         decode_attention: str = "auto",
         decode_linear: str = "auto",
         top_k_kernel: str = "auto",
+        output_tokens_from: int | str = 0,
     ) -> LLMEngine:
+        """`output_tokens_from`: the first id the model may output, or the token there (`<|s_0|>`): see
+        ModelRunner."""
+        start = output_token_id(model_dir, output_tokens_from)
         model = load_pretrained(model_dir, device, dtype)
         return cls.from_model(
             model,
@@ -75,6 +79,7 @@ class LLMEngine:
             decode_attention=decode_attention,
             decode_linear=decode_linear,
             top_k_kernel=top_k_kernel,
+            output_tokens_from=start,
         )
 
     def add_request(
@@ -96,6 +101,11 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         if any(t >= self.vocab_size for t in params.bad_token_ids):
             raise ValueError(f"bad_token_ids must be in [0, {self.vocab_size})")
+        start = self.runner.output_start
+        if start and params.end_id is not None and not start <= params.end_id < self.vocab_size:
+            raise ValueError(
+                f"end_id {params.end_id} is not an id this engine outputs: [{start}, {self.vocab_size})"
+            )
         if len(params.bad_token_ids) > self.runner.state.max_bad_tokens:
             raise ValueError(
                 f"at most {self.runner.state.max_bad_tokens} bad_token_ids, got {len(params.bad_token_ids)}"

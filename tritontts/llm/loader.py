@@ -70,3 +70,23 @@ def load_pretrained(
         dtype = torch.float32 if torch.device(device).type == "cpu" else getattr(torch, config.torch_dtype)
     weights = find_weights(model_dir, WEIGHT_FILES)
     return build_model(config, read_state_dict(weights), device, dtype, source=str(weights))
+
+
+def output_token_id(model_dir: str | Path, token: int | str) -> int:
+    """`token` as a vocabulary id: an int or digits as they are, a token's text through the checkpoint's
+    tokenizer.json (`<|s_0|>`, `<|im_end|>`), "" as 0 (every id)."""
+    if isinstance(token, int):
+        return token
+    if token.strip() in ("", "0"):
+        return 0
+    if token.strip().isdigit():
+        return int(token)
+    from tokenizers import Tokenizer
+
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise CheckpointError(f"output tokens from {token!r}: no tokenizer.json in {model_dir} to look it up")
+    found = Tokenizer.from_file(str(path)).token_to_id(token)
+    if found is None:
+        raise CheckpointError(f"output tokens from {token!r}: {path} has no such token")
+    return found

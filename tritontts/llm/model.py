@@ -389,12 +389,14 @@ class Qwen2ForCausalLM(nn.Module):
         delta: torch.Tensor,
         lengths: torch.Tensor | None = None,
         last_only: bool = True,
+        output_start: int = 0,
     ) -> torch.Tensor:
-        """fp32 logits of the residual stream after the last layer."""
+        """fp32 logits of the residual stream after the last layer, for vocabulary rows `output_start..` only
+        (a view of the head's weight: rows before it are never read)."""
         x = add_delta(x, delta)
         if last_only:
             x = x[:, -1] if lengths is None else x[torch.arange(x.shape[0], device=x.device), lengths - 1]
-        return F.linear(self.model.norm(x), self.lm_weight()).float()
+        return F.linear(self.model.norm(x), self.lm_weight()[output_start:]).float()
 
     def forward(
         self,
@@ -407,8 +409,10 @@ class Qwen2ForCausalLM(nn.Module):
         last_only: bool = True,
         lengths: torch.Tensor | None = None,
         fresh: bool = False,
+        output_start: int = 0,
     ) -> torch.Tensor:
-        """fp32 logits `[B, V]` of the last position (or `[B, L, V]` of all) for `input_ids [B, L]`.
+        """fp32 logits `[B, V]` of the last position (or `[B, L, V]` of all) for `input_ids [B, L]`; with
+        `output_start`, of vocabulary rows `output_start..` only (`V` is then the vocabulary minus it).
 
         With `lengths [B]` (right padding), the last position of row b is `lengths[b] - 1`. `fresh`: a
         prefill from position 0, attending only to its own tokens; `slots` may then be a `[B]` tensor of
@@ -419,4 +423,4 @@ class Qwen2ForCausalLM(nn.Module):
         x, delta = self.model.embed_tokens(input_ids), None
         for i, layer in enumerate(self.model.layers):
             x, delta = decoder_layer(shape, layer.weights(), x, delta, k_caches[i], v_caches[i], ctx)
-        return self.head(x, delta, lengths, last_only)
+        return self.head(x, delta, lengths, last_only, output_start)

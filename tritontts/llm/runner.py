@@ -142,8 +142,11 @@ class ModelRunner:
         decode_attention: str = "auto",
         decode_linear: str = "auto",
         top_k_kernel: str = "auto",
+        output_tokens_from: int = 0,
     ):
-        """`kv_lengths`: key-length buckets of decode (default `kv_buckets`). `prefill_lengths`: padded
+        """`output_tokens_from`: the first vocabulary id the model may output; the head computes only the rows
+        from it on (a speech LLM whose outputs all follow its text vocabulary reads a fraction of the head's
+        weight each step). `kv_lengths`: key-length buckets of decode (default `kv_buckets`). `prefill_lengths`: padded
         prompt lengths prefilled one prompt at a time (default `prefill_buckets` where CUDA graphs are
         captured, none elsewhere; pass some on CPU to run the same padded path eagerly).
         `decode_attention`, `decode_linear`, `top_k_kernel`: "auto", "torch" or "triton" (see
@@ -165,7 +168,15 @@ class ModelRunner:
         # What this runner's CUDA graphs read stays alive, should the model grow its tables for another.
         self.rope_tables = (model.rope_typed, model.index)
         self.cache = KVCache(config, max_batch_size, max_seq_len, self.device, self.dtype)
-        self.state = SlotState(max_batch_size, config.vocab_size, self.device)
+        if not 0 <= output_tokens_from < config.vocab_size:
+            raise ValueError(
+                f"output_tokens_from must be in [0, {config.vocab_size}), got {output_tokens_from}"
+            )
+        self.output_start = output_tokens_from
+        self.output_size = config.vocab_size - output_tokens_from
+        self.state = SlotState(
+            max_batch_size, config.vocab_size, self.device, output_start=output_tokens_from
+        )
         self.attention_counters = torch.zeros(
             max_batch_size * config.num_key_value_heads, dtype=torch.int32, device=self.device
         )
@@ -176,7 +187,7 @@ class ModelRunner:
         self.top_k_kernel = resolve_decode_attention(
             top_k_kernel, self.device, config.head_dim, "top_k_kernel"
         )
-        self.top_k_width = min(max_top_k, config.vocab_size)
+        self.top_k_width = min(max_top_k, self.output_size)
         self.candidate_counts = sorted({min(SMALL_TOP_K, self.top_k_width), self.top_k_width})
         self.shape = dataclasses.replace(
             model.layer_shape, decode_attention=self.decode_attention, decode_linear=self.decode_linear
@@ -274,9 +285,17 @@ class ModelRunner:
         positions = torch.arange(width, device=self.device).expand(batch, width)
         slots = slice(first_slot, first_slot + batch)
         logits = self.model(
-            ids, positions, self.cache.k, self.cache.v, slots, kv_len=width, lengths=lengths, fresh=True
+            ids,
+            positions,
+            self.cache.k,
+            self.cache.v,
+            slots,
+            kv_len=width,
+            lengths=lengths,
+            fresh=True,
+            output_start=self.output_start,
         )
-        tokens = sample(logits, self.state.rows(slots.start, slots.stop), self.max_top_k)
+        tokens = sample(logits, self.state.rows(slots.start, slots.stop), self.max_top_k, self.output_start)
         for row, prompt in enumerate(prompts):
             self.state.start_decoding(first_slot + row, tokens[row : row + 1], len(prompt))
         return tokens
@@ -309,8 +328,10 @@ class ModelRunner:
             kv_len=width,
             lengths=self.prefill_length,
             fresh=True,
+            output_start=self.output_start,
         )
-        self.prefill_token.copy_(sample(logits, self.state.take(self.prefill_slot), self.max_top_k))
+        state = self.state.take(self.prefill_slot)
+        self.prefill_token.copy_(sample(logits, state, self.max_top_k, self.output_start))
 
     def kv_bucket(self, kv_len: int) -> int:
         return bucket_of(self.kv_lengths, min(kv_len, self.max_seq_len))
@@ -380,17 +401,19 @@ class ModelRunner:
         return x, ctx.cos, ctx.sin, ctx.blocked, ctx.rows, ctx.positions, lengths
 
     def _sampling_logits(self, batch: int, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        return sampling_logits(self.model.head(x, delta), self.state.rows(0, batch))
+        logits = self.model.head(x, delta, output_start=self.output_start)
+        return sampling_logits(logits, self.state.rows(0, batch))
 
     def _select(self, logits: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `count` largest logits of each row and their ids, then -inf (id 0) up to `top_k_width`."""
+        """The `count` largest logits of each row and their vocabulary ids, then -inf up to `top_k_width`."""
         if self.top_k_kernel == "triton" and count <= SMALL_TOP_K:
-            return torch.ops.tritontts.top_k(logits, count, self.top_k_width)
-        values, ids = logits.topk(count, dim=-1)
-        pad = self.top_k_width - count
-        if pad == 0:
-            return values, ids
-        return F.pad(values, (0, pad), value=float("-inf")), F.pad(ids, (0, pad))
+            values, ids = torch.ops.tritontts.top_k(logits, count, self.top_k_width)
+        else:
+            values, ids = logits.topk(count, dim=-1)
+            pad = self.top_k_width - count
+            if pad:
+                values, ids = F.pad(values, (0, pad), value=float("-inf")), F.pad(ids, (0, pad))
+        return values, ids + self.output_start if self.output_start else ids
 
     def _advance(self, batch: int, values: torch.Tensor, ids: torch.Tensor) -> None:
         """Sampling among the candidates and the slots' advance (no host sync)."""

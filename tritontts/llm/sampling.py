@@ -98,7 +98,8 @@ def sampling_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 def choose(top_logits: torch.Tensor, top_ids: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Token ids `[B]` from each row's candidates, descending (`topk` of `sampling_logits`; candidates past
-    those selected may be -inf: a row's top_k never reaches them)."""
+    those selected may be -inf: a row's top_k never reaches them). `top_ids` are vocabulary ids: the noise of
+    a token depends on its id, not on where the logits start."""
     greedy = (batch.temperature <= 0) | (batch.top_k == 1)
     temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
     scaled = top_logits / temperature.unsqueeze(1)
@@ -109,8 +110,8 @@ def choose(top_logits: torch.Tensor, top_ids: torch.Tensor, batch: SamplingBatch
     return top_ids.gather(1, choice.unsqueeze(1)).squeeze(1)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, max_top_k: int) -> torch.Tensor:
-    """Token ids `[B]` from fp32 logits `[B, V]`."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, max_top_k: int, id_offset: int = 0) -> torch.Tensor:
+    """Token ids `[B]` from fp32 logits `[B, V]` of vocabulary ids `id_offset..`."""
     logits = sampling_logits(logits, batch)
     top_logits, top_ids = logits.topk(min(max_top_k, logits.shape[-1]), dim=-1)
-    return choose(top_logits, top_ids, batch)
+    return choose(top_logits, top_ids + id_offset if id_offset else top_ids, batch)

@@ -25,13 +25,23 @@ MAX_BAD_TOKENS = 256
 
 
 class SlotState:
+    """`last_token` and `position` hold vocabulary ids; what sampling reads (`seen`, `end_id`, `bad_ids`) is
+    indexed like the logits, which start at vocabulary id `output_start` (ids below it are never sampled: a
+    bad id there masks nothing, an end id there is -1)."""
+
     def __init__(
-        self, slots: int, vocab_size: int, device: torch.device, max_bad_tokens: int = MAX_BAD_TOKENS
+        self,
+        slots: int,
+        vocab_size: int,
+        device: torch.device,
+        max_bad_tokens: int = MAX_BAD_TOKENS,
+        output_start: int = 0,
     ):
         for name in FIELDS:
             dtype = torch.float32 if name in FLOAT_FIELDS else torch.int64
             setattr(self, name, torch.zeros(slots, dtype=dtype, device=device))
-        self.seen = torch.zeros(slots, vocab_size, dtype=torch.bool, device=device)
+        self.output_start = output_start
+        self.seen = torch.zeros(slots, vocab_size - output_start, dtype=torch.bool, device=device)
         self.max_bad_tokens = max(max_bad_tokens, 1)
         self.bad_ids = torch.full((slots, self.max_bad_tokens), -1, dtype=torch.int64, device=device)
 
@@ -68,9 +78,13 @@ class SlotState:
         """Settings of a new request; position and last token are set after its prefill. Its bad ids are padded
         by repeating the first (a row without any holds -1: masks nothing), so no two entries of a row scatter
         different values into one logit."""
-        bad = list(params.bad_token_ids)
-        if len(bad) > self.max_bad_tokens:
-            raise ValueError(f"at most {self.max_bad_tokens} bad token ids per request, got {len(bad)}")
+        if len(params.bad_token_ids) > self.max_bad_tokens:
+            raise ValueError(
+                f"at most {self.max_bad_tokens} bad token ids per request, got {len(params.bad_token_ids)}"
+            )
+        start = self.output_start
+        bad = [t - start for t in params.bad_token_ids if t >= start]
+        end_id = -1 if params.end_id is None or params.end_id < start else params.end_id - start
         padding = bad[:1] or [-1]
         values = {
             "temperature": params.temperature,
@@ -78,7 +92,7 @@ class SlotState:
             "top_p": params.top_p,
             "repetition_penalty": params.repetition_penalty,
             "seed": seed & (2**63 - 1),
-            "end_id": -1 if params.end_id is None else params.end_id,
+            "end_id": end_id,
             "min_tokens": params.min_tokens,
             "step": 0,
             "position": 0,
@@ -87,7 +101,7 @@ class SlotState:
         for name, value in values.items():
             getattr(self, name)[slot] = value
         self.seen[slot] = False
-        self.seen[slot, prompt_ids] = True
+        self.seen[slot, prompt_ids[prompt_ids >= start] - start if start else prompt_ids] = True
         self.bad_ids[slot] = torch.tensor(bad + padding * (self.max_bad_tokens - len(bad)), dtype=torch.int64)
 
     def start_decoding(self, slot: int, token: torch.Tensor, prompt_len: int) -> None:
@@ -95,7 +109,7 @@ class SlotState:
         self.last_token[slot : slot + 1] = token
         self.position[slot] = prompt_len
         self.step[slot] = 1
-        self.seen[slot].scatter_(0, token, True)
+        self.seen[slot].scatter_(0, token - self.output_start, True)
 
     def advance(self, stop: int, tokens: torch.Tensor, max_position: int) -> None:
         """After a decode step over rows [0, stop): graph-capturable, no host sync.
@@ -106,7 +120,7 @@ class SlotState:
         self.position.index_put_((rows,), (self.position[:stop] + 1).clamp(max=max_position))
         self.step.index_put_((rows,), self.step[:stop] + 1)
         self.last_token.index_put_((rows,), tokens)
-        self.seen.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.bool))
+        self.seen.index_put_((rows, tokens - self.output_start), torch.ones_like(tokens, dtype=torch.bool))
 
     def move(self, src: int, dst: int) -> None:
         for name in (*FIELDS, "seen", "bad_ids"):

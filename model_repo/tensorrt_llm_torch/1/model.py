@@ -84,6 +84,7 @@ class TritonPythonModel:
             compile=model_param(config, "compile", bool, default=False),
             decode_attention=model_param(config, "decode_attention", default="auto"),
             decode_linear=model_param(config, "decode_linear", default="auto"),
+            output_tokens_from=model_param(config, "output_tokens_from", default=""),
         )
         fixed = parse_stream_interval(model_param(config, "stream_interval", default="auto"))
         running = self.engine.scheduler.running

@@ -41,6 +41,12 @@ def get_parser() -> argparse.ArgumentParser:
         default="auto",
         help="decode steps' projections at batch 1-64: Triton kernels (auto: on CUDA) or cuBLAS",
     )
+    p.add_argument(
+        "--output-tokens-from",
+        default="",
+        help="the first vocabulary token the model may output, as text (<|s_0|>) or id; the head computes the "
+        "rows from it on only (a speech LLM's outputs follow its text vocabulary). Default: every token",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -58,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         compile=args.compile,
         decode_attention=args.decode_attention,
         decode_linear=args.decode_linear,
+        output_tokens_from=args.output_tokens_from,
     )
     served = ServedModel.from_model_dir(engine, args.model_dir, args.served_model_name)
     uvicorn.run(create_app(served), host=args.host, port=args.port, log_level=args.log_level)
