@@ -49,6 +49,7 @@ def decoding_of(prompter: CosyVoice2Prompt) -> Decoding:
     return Decoding(
         end_id=prompter.ids.end,
         pad_id=prompter.ids.end,
+        output_tokens_from="<|s_0|>",
         temperature=d.temperature,
         top_k=d.top_k,
         top_p=d.top_p,

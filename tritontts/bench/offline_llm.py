@@ -68,6 +68,7 @@ def torch_backend(
         max_seq_len=max_seq_len,
         cuda_graphs=device.type == "cuda",
         compile=settings.compile,
+        output_tokens_from=decoding.output_tokens_from,
     )
     seeds = RequestSeeds(settings.seed)
 

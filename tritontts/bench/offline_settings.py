@@ -40,6 +40,7 @@ class Decoding:
 
     end_id: int
     pad_id: int
+    output_tokens_from: int | str = 0  # our engine's output window (a token or an id; run.sh's auto value)
     temperature: float = 0.8
     top_k: int = 50
     top_p: float = 0.95
