@@ -334,6 +334,13 @@ def knob(name: str, default: float) -> float:
     return float(os.environ.get(f"TRITONTTS_SOAK_{name.upper()}", default))
 
 
+def reporting() -> bool:
+    """Whether scripts/soak.py collects the figures (`record`): what a scenario only records, it may skip in CI."""
+    import os
+
+    return bool(os.environ.get("TRITONTTS_SOAK_REPORT"))
+
+
 def record(scenario: str, **figures) -> None:
     """Append one scenario's figures to the report scripts/soak.py collects (`TRITONTTS_SOAK_REPORT`)."""
     import json
