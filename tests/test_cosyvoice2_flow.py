@@ -282,3 +282,18 @@ def test_config_object_or_yaml_next_to_the_weights(model_dir: Path) -> None:
     wrong = replace(config.flow, vocab_size=100)
     with pytest.raises(CheckpointError, match="input_embedding.weight"):
         load_flow(model_dir, wrong)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["offline", "streaming"])
+def test_the_estimators_additive_mask_gives_the_boolean_masks_mel(
+    flow: Flow, streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The estimator turns each level's mask into SDPA's float form once for all its blocks (fewer kernels per
+    call): the mel equals the one from boolean masks passed to every block."""
+    import tritontts.cosyvoice2.flow.estimator as estimator
+
+    inputs = _inputs(23, 11, seed=3)
+    additive = flow.inference(**inputs, streaming=streaming, finalize=True)
+    monkeypatch.setattr(estimator, "additive_mask", lambda mask, dtype: mask)
+    boolean = flow.inference(**inputs, streaming=streaming, finalize=True)
+    assert torch.equal(additive, boolean)

@@ -16,7 +16,7 @@ from tritontts.cosyvoice2.flow.blocks import (
     Upsample1D,
     sinusoidal_time_embedding,
 )
-from tritontts.cosyvoice2.flow.masks import attention_mask
+from tritontts.cosyvoice2.flow.masks import additive_mask, attention_mask
 
 
 class Estimator(nn.Module):
@@ -66,7 +66,7 @@ class Estimator(nn.Module):
 
     def _transform(self, x: Tensor, mask: Tensor, blocks: nn.ModuleList, streaming: bool) -> Tensor:
         chunk = self.config.static_chunk_size if streaming else 0
-        attn_mask = attention_mask(mask.bool(), chunk)
+        attn_mask = additive_mask(attention_mask(mask.bool(), chunk), x.dtype)
         x = x.transpose(1, 2)
         for block in blocks:
             x = block(x, attn_mask)

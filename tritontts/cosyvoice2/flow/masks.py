@@ -1,4 +1,4 @@
-"""Boolean attention masks (True = may attend), shaped for `scaled_dot_product_attention`."""
+"""Boolean attention masks (True = may attend), shaped for `scaled_dot_product_attention`, and their additive form."""
 
 from __future__ import annotations
 
@@ -25,3 +25,11 @@ def attention_mask(valid: Tensor, chunk_size: int) -> Tensor:
         return valid.unsqueeze(1)
     chunks = static_chunk_mask(valid.size(-1), chunk_size, valid.device)
     return (valid & chunks.unsqueeze(0)).unsqueeze(1)
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as `scaled_dot_product_attention` turns it into the float mask its fused kernels take
+    (0 where True, -inf where False): done once for every block that shares the mask instead of in each call."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        mask.logical_not(), float("-inf")
+    )
