@@ -64,9 +64,7 @@ class Estimator(nn.Module):
         self.final_block = CausalBlock1D(up_channels[-1], up_channels[-1])
         self.final_proj = nn.Conv1d(up_channels[-1], config.out_channels, 1)
 
-    def _transform(self, x: Tensor, mask: Tensor, blocks: nn.ModuleList, streaming: bool) -> Tensor:
-        chunk = self.config.static_chunk_size if streaming else 0
-        attn_mask = additive_mask(attention_mask(mask.bool(), chunk), x.dtype)
+    def _transform(self, x: Tensor, attn_mask: Tensor, blocks: nn.ModuleList) -> Tensor:
         x = x.transpose(1, 2)
         for block in blocks:
             x = block(x, attn_mask)
@@ -86,23 +84,34 @@ class Estimator(nn.Module):
         time_emb = self.time_mlp(sinusoidal_time_embedding(t, self.config.in_channels))
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
 
+        chunk = self.config.static_chunk_size if streaming else 0
+        made: list[tuple[Tensor, Tensor]] = []
+
+        def attn(level_mask: Tensor) -> Tensor:
+            """The level's float attention mask, made once per mask (the levels of one resolution share it)."""
+            for known, attn_mask in made:
+                if known is level_mask:
+                    return attn_mask
+            made.append((level_mask, additive_mask(attention_mask(level_mask.bool(), chunk), x.dtype)))
+            return made[-1][1]
+
         skips = []
         masks = [mask]
         for resnet, blocks, downsample in self.down_blocks:
             level_mask = masks[-1]
-            x = self._transform(resnet(x, level_mask, time_emb), level_mask, blocks, streaming)
+            x = self._transform(resnet(x, level_mask, time_emb), attn(level_mask), blocks)
             skips.append(x)
             x = downsample(x * level_mask)
             masks.append(level_mask[:, :, ::2])
         masks = masks[:-1]
         mid_mask = masks[-1]
         for resnet, blocks in self.mid_blocks:
-            x = self._transform(resnet(x, mid_mask, time_emb), mid_mask, blocks, streaming)
+            x = self._transform(resnet(x, mid_mask, time_emb), attn(mid_mask), blocks)
         for resnet, blocks, upsample in self.up_blocks:
             level_mask = masks.pop()
             skip = skips.pop()
             x = torch.cat([x[:, :, : skip.size(-1)], skip], dim=1)
-            x = self._transform(resnet(x, level_mask, time_emb), level_mask, blocks, streaming)
+            x = self._transform(resnet(x, level_mask, time_emb), attn(level_mask), blocks)
             x = upsample(x * level_mask)
         x = self.final_block(x, level_mask)
         return self.final_proj(x * level_mask) * mask
