@@ -297,3 +297,17 @@ def test_the_estimators_additive_mask_gives_the_boolean_masks_mel(
     monkeypatch.setattr(estimator, "additive_mask", lambda mask, dtype: mask)
     boolean = flow.inference(**inputs, streaming=streaming, finalize=True)
     assert torch.equal(additive, boolean)
+
+
+def test_the_estimator_traces_as_one_graph(flow: Flow) -> None:
+    """torch.compile (the `compile` flow graphs) sees one graph: the shared attention mask breaks nothing."""
+    torch.manual_seed(0)
+    frames = 24
+    x, mu, cond = (torch.randn(2, 80, frames) for _ in range(3))
+    mask = torch.ones(2, 1, frames)
+    mask[1, :, 17:] = 0
+    args = (x, mask, mu, torch.rand(2), torch.randn(2, 80), cond, True)
+    estimator = flow.decoder.estimator
+    with torch.inference_mode():
+        traced = torch.compile(estimator, backend="eager", fullgraph=True, dynamic=True)(*args)
+        assert torch.allclose(traced, estimator(*args), atol=1e-5)
