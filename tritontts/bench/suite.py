@@ -54,9 +54,6 @@ EAGER_MAX_STREAMS = 4
 """flow_graphs on a GPU: the eager side of the lockstep streams up to 4 (16 eager streams take a minute)"""
 ENGINE_MAX_SEQ_LEN = 1024
 """engine on a GPU: its 300 + 500 tokens fit, so 3 key-length buckets are captured per batch size, not 5"""
-SPARK_OUTPUT_TOKENS_FROM = 151_643
-"""`<|endoftext|>` of Spark-TTS's vocabulary: run.sh's `--llm_output_tokens_from auto` for the LLM the engine
-part measures."""
 SERVED_FLOW_BATCH_SIZES = "1,2,4,8"
 """flow_graphs captures the batch sizes run.sh serves with (`--token2wav_graph_batch_sizes`): 16 streams go in
 two batches of 8, as in a served token2wav"""
@@ -139,7 +136,6 @@ class Runner:
             if cuda:
                 args += ["--compile", "--batch-sizes", "1,4,16,64,128", "--hf-batch-sizes", "1"]
                 args += ["--hf-gen-len", "100", "--max-seq-len", str(ENGINE_MAX_SEQ_LEN)]
-                args += ["--output-tokens-from", str(SPARK_OUTPUT_TOKENS_FROM)]
             else:
                 args += ["--batch-sizes", "1,4", "--hf-batch-sizes", "1", "--hf-gen-len", "16"]
             argv = self.python_script("bench_llm.py", *args, *(["--tiny"] if tiny else []))
