@@ -162,7 +162,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     stop_parser = commands.add_parser(
         "stop", parents=[common], help="SIGTERM, then SIGKILL after --grace seconds"
     )
-    stop_parser.add_argument("--grace", type=float, default=40.0)
+    stop_parser.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        help="seconds before SIGKILL (default: the server's --exit-timeout-secs and 10, at least 40)",
+    )
     args = parser.parse_args(argv)
     args.extra = extra
     return args

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritontts.triton.bundle import TritonInstall, find_tritonserver
+from tritontts.triton.unload import exit_timeout_for, exit_timeout_of
 
 LOOPBACK = "127.0.0.1"
 PYTHON_SHM_BYTES = 64 * 2**20
@@ -38,7 +39,7 @@ class ServerConfig:
     pid_file: Path | None = None
     log_verbose: int = 0
     model_control_mode: str | None = None  # none | poll | explicit
-    exit_timeout_s: int | None = None  # how long the server waits for in-flight requests on SIGTERM
+    exit_timeout_s: int | None = None  # SIGTERM to exit (requests, unload); None: tritontts.triton.unload
     python_shm_bytes: int = PYTHON_SHM_BYTES
     python_shm_growth_bytes: int = PYTHON_SHM_GROWTH_BYTES
     extra_args: tuple[str, ...] = ()
@@ -84,8 +85,11 @@ class TritonServer:
         ]
         if cfg.model_control_mode:
             cmd.append(f"--model-control-mode={cfg.model_control_mode}")
-        if cfg.exit_timeout_s is not None:
-            cmd.append(f"--exit-timeout-secs={cfg.exit_timeout_s}")
+        if exit_timeout_of(list(cfg.extra_args)) is None:
+            timeout = (
+                cfg.exit_timeout_s if cfg.exit_timeout_s is not None else exit_timeout_for(cfg.model_repo)
+            )
+            cmd.append(f"--exit-timeout-secs={timeout}")
         return [*cmd, *cfg.extra_args]
 
     def start(self) -> int:
@@ -131,10 +135,13 @@ class TritonServer:
                 raise ServerError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
             time.sleep(0.2)
 
-    def stop(self, grace_s: float = 40.0) -> int | None:
-        """SIGTERM this server, SIGKILL its session after `grace_s`; returns the exit code."""
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGTERM this server, SIGKILL its session after `grace_s` (default: its exit timeout and 10 s); returns
+        the exit code."""
         if self.process is None:
             return None
+        if grace_s is None:
+            grace_s = stop_grace_s(exit_timeout_of(self.command()))
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
             try:
@@ -207,10 +214,27 @@ def is_tritonserver(pid: int) -> bool:
     return state != "Z" and os.path.basename(argv0) == b"tritonserver"
 
 
-def stop_pid(pid: int, grace_s: float = 40.0) -> bool:
-    """SIGTERM the tritonserver `pid` (not our child), SIGKILL its session after `grace_s`; False if not running."""
+def stop_grace_s(exit_timeout_s: int | None) -> float:
+    """How long to wait after SIGTERM before SIGKILL: the server's own exit timeout and 10 s."""
+    return float(max(40, (exit_timeout_s or 30) + 10))
+
+
+def _command_line(pid: int) -> list[str]:
+    try:
+        return [
+            a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a
+        ]
+    except OSError:
+        return []
+
+
+def stop_pid(pid: int, grace_s: float | None = None) -> bool:
+    """SIGTERM the tritonserver `pid` (not our child), SIGKILL its session after `grace_s` (default: its
+    `--exit-timeout-secs` and 10 s); False if not running."""
     if not is_tritonserver(pid):
         return False
+    if grace_s is None:
+        grace_s = stop_grace_s(exit_timeout_of(_command_line(pid)))
     os.kill(pid, signal.SIGTERM)
     if _wait_gone(pid, grace_s):
         return True
@@ -220,7 +244,7 @@ def stop_pid(pid: int, grace_s: float = 40.0) -> bool:
     return True
 
 
-def stop_pid_file(pid_file: str | Path, grace_s: float = 40.0) -> int | None:
+def stop_pid_file(pid_file: str | Path, grace_s: float | None = None) -> int | None:
     """Stop the server named by the pid file and remove the file; returns the pid it stopped, if any."""
     pid = read_pid_file(pid_file)
     stopped = pid is not None and stop_pid(pid, grace_s)

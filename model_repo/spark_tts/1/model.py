@@ -36,7 +36,7 @@ from tritontts.triton.params import error_response, model_param, string_input, w
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
 from tritontts.triton.stub_objects import release_held
-from tritontts.triton.stubs import callee_monitor
+from tritontts.triton.stubs import callee_monitor, end_stub_process
 from tritontts.triton.voice_profile_io import (
     CheckpointMarker,
     answer_profile,
@@ -185,3 +185,4 @@ class TritonPythonModel:
     def finalize(self):
         self.runner.close()
         release_held()
+        end_stub_process()

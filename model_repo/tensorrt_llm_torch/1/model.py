@@ -22,6 +22,7 @@ from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import EngineGauges, release_metrics
 from tritontts.triton.params import error_response, model_param, optional_input
 from tritontts.triton.stream_sender import Outbox
+from tritontts.triton.stubs import end_stub_process
 from tritontts.triton.token_coalescer import TokenCoalescer, auto_interval, parse_stream_interval
 
 
@@ -116,3 +117,4 @@ class TritonPythonModel:
     def finalize(self):
         release_metrics(self.gauges)
         self.engine.stop()
+        end_stub_process()

@@ -12,6 +12,7 @@ from tritontts.spark.codec import SparkCodec
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.instance_device import instance_device
 from tritontts.triton.params import RequestError, error_response, model_param, required_input
+from tritontts.triton.stubs import end_stub_process
 
 GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK = 4096, 8192
 
@@ -61,3 +62,6 @@ class TritonPythonModel:
             else:
                 responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))])
         return responses
+
+    def finalize(self):
+        end_stub_process()

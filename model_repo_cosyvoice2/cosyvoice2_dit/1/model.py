@@ -9,6 +9,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritontts.triton.cosyvoice2_bls import CosyVoice2Bls
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.stubs import end_stub_process
 
 
 class TritonPythonModel:
@@ -21,3 +22,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.bls.close()
+        end_stub_process()

@@ -14,6 +14,7 @@ from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import VoiceCacheCounters, release_metrics
 from tritontts.triton.params import error_response, model_param, required_input
+from tritontts.triton.stubs import end_stub_process
 from tritontts.voice_cache import VoiceCache, audio_key
 
 
@@ -54,3 +55,4 @@ class TritonPythonModel:
 
     def finalize(self):
         release_metrics(self.counters)
+        end_stub_process()

@@ -3,6 +3,7 @@ tritontts.triton.text_inbox and docs/streaming-text.md, "Bistream")."""
 
 import triton_python_backend_utils as pb_utils
 
+from tritontts.triton.stubs import end_stub_process
 from tritontts.triton.text_inbox import TextInboxModel
 
 
@@ -14,4 +15,4 @@ class TritonPythonModel:
         return self.model.execute(requests)
 
     def finalize(self):
-        pass
+        end_stub_process()

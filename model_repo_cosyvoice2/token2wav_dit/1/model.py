@@ -23,6 +23,7 @@ from tritontts.triton.params import (
     single_instance_stream,
     stream_instances,
 )
+from tritontts.triton.stubs import end_stub_process
 
 INPUT_NAMES = ("target_speech_tokens", "reference_wav", "reference_wav_len", "finalize")
 
@@ -74,3 +75,4 @@ class TritonPythonModel:
 
     def finalize(self):
         release_metrics(self.stages)
+        end_stub_process()

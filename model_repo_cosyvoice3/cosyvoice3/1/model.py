@@ -5,6 +5,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritontts.cosyvoice3.bls import CosyVoice3Bls
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.stubs import end_stub_process
 
 
 class TritonPythonModel:
@@ -17,3 +18,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.bls.close()
+        end_stub_process()

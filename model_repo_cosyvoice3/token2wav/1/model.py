@@ -16,6 +16,7 @@ from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input
+from tritontts.triton.stubs import end_stub_process
 
 
 class TritonPythonModel:
@@ -50,3 +51,4 @@ class TritonPythonModel:
 
     def finalize(self):
         release_metrics(self.stages)
+        end_stub_process()

@@ -16,6 +16,7 @@ from tritontts.cuda_graphs import graphs_wanted
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.instance_device import instance_device
 from tritontts.triton.params import error_response, model_param, optional_input
+from tritontts.triton.stubs import end_stub_process
 
 
 class TritonPythonModel:
@@ -54,3 +55,6 @@ class TritonPythonModel:
             except Exception as err:
                 responses.append(error_response(pb_utils, err))
         return responses
+
+    def finalize(self):
+        end_stub_process()
