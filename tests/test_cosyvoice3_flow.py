@@ -131,5 +131,6 @@ def test_streamed_calls_match_upstream(flow: Flow3, n: int, finalize: bool) -> N
 def test_a_changed_weight_breaks_the_bound(model_dir: Path) -> None:
     changed = load_flow3(model_dir)
     with torch.no_grad():
-        changed.decoder.estimator.transformer_blocks[0].attn.to_v.bias[0] += 1e-3
+        qkv = changed.decoder.estimator.transformer_blocks[0].attn.to_qkv
+        qkv.proj.bias[sum(qkv.sizes[:2])] += 1e-3  # the first value bias (q, k, v are stacked)
     assert max_error(_flow_call(changed, 60, True)[0], GOLDEN["flow_offline"]) > FLOW_BOUND

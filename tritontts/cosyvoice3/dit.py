@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from tritontts.cosyvoice2.flow.blocks import sinusoidal_time_embedding
 from tritontts.cosyvoice3.config import DiTConfig
+from tritontts.qkv import QKVProjection
 
 TIME_FREQUENCIES = 256
 CONV_POS_KERNEL = 31
@@ -87,22 +88,19 @@ def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
     return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
-class Attention(nn.Module):
+class Attention(QKVProjection):
     def __init__(self, dim: int, heads: int, dim_head: int) -> None:
         super().__init__()
         inner = heads * dim_head
         self.heads = heads
-        self.to_q = nn.Linear(dim, inner)
-        self.to_k = nn.Linear(dim, inner)
-        self.to_v = nn.Linear(dim, inner)
+        self.init_projections(dim, inner, bias=True)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Identity()])
 
     def forward(self, x: Tensor, attn_mask: Tensor, angles: Tensor) -> Tensor:
         """x [B, T, dim]; attn_mask bool [B, 1, T, T] (True = attend); angles [T, dim_head]."""
         batch, length, _ = x.shape
-        q = apply_rotary(self.to_q(x), angles)
-        k = apply_rotary(self.to_k(x), angles)
-        v = self.to_v(x)
+        q, k, v = self.project(x)
+        q, k = apply_rotary(q, angles), apply_rotary(k, angles)
 
         def heads(y: Tensor) -> Tensor:
             return y.view(batch, length, self.heads, -1).transpose(1, 2)

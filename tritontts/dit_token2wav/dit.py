@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from tritontts.cosyvoice2.flow.blocks import CausalConv1d, Transpose
 from tritontts.dit_token2wav.config import DiTConfig
+from tritontts.qkv import QKVProjection
 
 TIME_FREQUENCIES = 256
 TIME_SCALE = 1000.0
@@ -73,15 +74,13 @@ def frame_padding(
     return FramePadding(key_mask[:, None, None, :], conv_tail[:, None, :])
 
 
-class Attention(nn.Module):
+class Attention(QKVProjection):
     def __init__(self, dim: int, heads: int, head_dim: int) -> None:
         super().__init__()
         self.heads = heads
         self.head_dim = head_dim
         inner = heads * head_dim
-        self.to_q = nn.Linear(dim, inner)
-        self.to_k = nn.Linear(dim, inner)
-        self.to_v = nn.Linear(dim, inner)
+        self.init_projections(dim, inner, bias=True)
         self.q_norm = nn.LayerNorm(head_dim)
         self.k_norm = nn.LayerNorm(head_dim)
         self.proj = nn.Linear(inner, dim)
@@ -97,9 +96,8 @@ class Attention(nn.Module):
         def split_heads(y: Tensor) -> Tensor:
             return y.view(batch, time, self.heads, self.head_dim).transpose(1, 2)
 
-        q = self.q_norm(split_heads(self.to_q(x)))
-        k = self.k_norm(split_heads(self.to_k(x)))
-        v = split_heads(self.to_v(x))
+        q, k, v = self.project(x)
+        q, k, v = self.q_norm(split_heads(q)), self.k_norm(split_heads(k)), split_heads(v)
         new_entries = None
         if cache is not None:
             new_entries = torch.cat([k, v], dim=-1)

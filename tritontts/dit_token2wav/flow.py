@@ -23,6 +23,7 @@ from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
 from tritontts.dit_token2wav.dit import DiT
 from tritontts.dit_token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
 from tritontts.dit_token2wav.graphs import GraphedDiTCFM
+from tritontts.qkv import fuse_qkv
 
 FLOW_FILE = "flow.pt"
 
@@ -183,10 +184,12 @@ def load_dit_flow(
     dtype: torch.dtype = torch.float32,
     config: DiTFlowConfig | None = None,
 ) -> DiTFlow:
-    """`flow.yaml` and `flow.pt` from a token2wav directory, loaded strictly; eval mode, in `dtype`."""
+    """`flow.yaml` and `flow.pt` from a token2wav directory, loaded strictly, the attentions' q/k/v projections
+    fused (tritontts.qkv); eval mode, in `dtype`."""
     model_dir = Path(model_dir)
     config = config or load_dit_flow_config(model_dir)
     flow = build_and_load(
         lambda: DiTFlow(config), model_dir / FLOW_FILE, device, lambda f: f.decoder.reset_noise()
     )
+    fuse_qkv(flow)
     return flow.to(dtype=dtype).eval()

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tritontts.qkv import QKVProjection
+
 
 class CausalConv1d(nn.Conv1d):
     """Stride-1 convolution padded on the left only, so frame t sees frames <= t."""
@@ -90,15 +92,13 @@ class TimestepEmbedding(nn.Module):
         return self.linear_2(F.silu(self.linear_1(x)))
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(QKVProjection):
     def __init__(self, dim: int, heads: int, head_dim: int):
         super().__init__()
         self.heads = heads
         self.head_dim = head_dim
         inner = heads * head_dim
-        self.to_q = nn.Linear(dim, inner, bias=False)
-        self.to_k = nn.Linear(dim, inner, bias=False)
-        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.init_projections(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -108,7 +108,7 @@ class SelfAttention(nn.Module):
         def split_heads(y: Tensor) -> Tensor:
             return y.view(batch, time, self.heads, self.head_dim).transpose(1, 2)
 
-        q, k, v = split_heads(self.to_q(x)), split_heads(self.to_k(x)), split_heads(self.to_v(x))
+        q, k, v = (split_heads(y) for y in self.project(x))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.to_out[0](out.transpose(1, 2).reshape(batch, time, -1))
 

@@ -20,6 +20,7 @@ from tritontts.cosyvoice2.flow.estimator import Estimator
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.flow.masks import valid_mask
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
+from tritontts.qkv import fuse_qkv
 
 FLOW_FILE = "flow.pt"
 ENCODER_MEMORY_LIMIT_MIB = 512
@@ -210,8 +211,10 @@ def flow_weights(model_dir_or_pt: str | Path) -> Path:
 def load_flow_module(
     build: Callable[[], nn.Module], weights: Path, device: str | torch.device, dtype: torch.dtype
 ) -> Any:
-    """`build()` with `weights` loaded strictly (the decoder's fixed noise drawn), in `dtype`, in eval mode."""
+    """`build()` with `weights` loaded strictly (the decoder's fixed noise drawn), its attentions' q/k/v
+    projections fused (tritontts.qkv), in `dtype`, in eval mode."""
     flow = build_and_load(build, weights, device, lambda f: f.decoder.reset_noise())
+    fuse_qkv(flow)
     return flow.to(dtype=dtype).eval()
 
 

