@@ -60,6 +60,12 @@ def main() -> int:
     parser.add_argument("--memory-limit-mib", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("dit_flow_graphs.json"))
+    parser.add_argument(
+        "--qkv",
+        choices=("fused", "unfused"),
+        default="fused",
+        help="unfused: the three q/k/v projections of the checkpoint, as before tritontts.qkv (an A/B in one session)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -71,11 +77,14 @@ def main() -> int:
     from tritontts.dit_token2wav.flow import load_dit_flow
     from tritontts.dit_token2wav.graphs import DiTFlowGraphConfig, GraphedDiTCFM
     from tritontts.dit_token2wav.token2wav import DiTToken2Wav, hift_config_of
+    from tritontts.qkv import unfuse_qkv
 
     dtype = resolve_flow_dtype(args.dtype, device)
     with tempfile.TemporaryDirectory() as tmp:  # the synthetic checkpoint, gone once loaded
         model_dir = args.model_dir or write_flow_and_hift(Path(tmp), args.preset)
         flow = load_dit_flow(model_dir, device, dtype)
+        if args.qkv == "unfused":
+            unfuse_qkv(flow)
         hift = load_hift(model_dir / HIFT_FILE, hift_config_of(model_dir / HIFT_FILE), device)
     t2w = DiTToken2Wav(flow, hift, seed=0)
     steps = flow.config.n_timesteps
@@ -186,6 +195,7 @@ def main() -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "model": str(args.model_dir) if args.model_dir else f"synthetic {args.preset}, seed 0",
         "flow_dtype": str(dtype),
+        "qkv": args.qkv,
         "reps": args.reps,
         "graph_config": {
             "offline_buckets": list(config.buckets),

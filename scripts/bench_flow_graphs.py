@@ -36,6 +36,7 @@ from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
 from tritontts.devices import resolve_flow_dtype
+from tritontts.qkv import unfuse_qkv
 
 PROMPT_TOKENS = 75
 FIRST_CHUNK_TOKENS = 15 + 3
@@ -246,6 +247,12 @@ def main() -> int:
         action="store_true",
         help="compile once with dynamic sizes for all --compile-frames",
     )
+    parser.add_argument(
+        "--qkv",
+        choices=("fused", "unfused"),
+        default="fused",
+        help="unfused: the three q/k/v projections of the checkpoint, as before tritontts.qkv (an A/B in one session)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -257,12 +264,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:  # the synthetic checkpoint, gone once loaded
         model_dir = args.model_dir or write_token2wav(Path(tmp), args.preset)
         t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
+    if args.qkv == "unfused":
+        unfuse_qkv(t2w.flow)
     if args.compile_only:
         result = {
             "device": device_name(device),
             "torch": torch.__version__,
             "command": " ".join(sys.argv),
             "flow_dtype": str(dtype),
+            "qkv": args.qkv,
             "compiled_estimator": compile_rows(
                 t2w, args.compile_frames, dtype, args.reps, args.compile_dynamic
             ),
@@ -288,6 +298,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "model": str(args.model_dir) if args.model_dir else f"synthetic {args.preset}, seed 0",
         "flow_dtype": str(dtype),
+        "qkv": args.qkv,
         "capture": {
             "graphs": report.graphs,
             "seconds": round(report.seconds, 2),

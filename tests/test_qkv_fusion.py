@@ -4,6 +4,7 @@ whole CosyVoice2 estimator gives the unfused one's velocity and runs 2 GEMMs few
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tritontts.cosyvoice3.config import load_cosyvoice3_config
 from tritontts.cosyvoice3.flow import Flow3, load_flow3
 from tritontts.dit_token2wav.config import load_dit_flow_config
 from tritontts.dit_token2wav.flow import DiTFlow, load_dit_flow
-from tritontts.qkv import QKVProjection, fuse_qkv
+from tritontts.qkv import QKVProjection, fuse_qkv, unfuse_qkv
 from tritontts.synthetic.cosyvoice2_flow import write_flow
 from tritontts.synthetic.cosyvoice3 import write_cosyvoice3_token2wav
 from tritontts.synthetic.dit_token2wav import write_dit_token2wav
@@ -81,6 +82,18 @@ def test_the_fused_projection_gives_the_three_projections(fused_and_plain):
                 torch.testing.assert_close(got, want, atol=FUSED_BOUND, rtol=0)
 
 
+def test_unfusing_gives_back_the_checkpoint_projections(fused_and_plain):
+    fused, plain = fused_and_plain
+    unfused = copy.deepcopy(fused)
+    assert unfuse_qkv(unfused) == len(attentions(fused)) and unfuse_qkv(unfused) == 0
+    for again, three in zip(attentions(unfused), attentions(plain), strict=True):
+        for name in ("to_q", "to_k", "to_v"):
+            for got, want in zip(
+                getattr(again, name).parameters(), getattr(three, name).parameters(), strict=True
+            ):
+                torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def _gemms(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = run()
@@ -100,7 +113,7 @@ def test_the_cosyvoice2_estimator_keeps_its_velocity_with_two_gemms_fewer_per_bl
     mask[1, :, 40:] = 0
     for streaming in (False, True):
         with torch.no_grad():
-            got, fused_gemms = _gemms(lambda: fused(x, mask, mu, t, spks, cond, streaming))
-            want, plain_gemms = _gemms(lambda: plain(x, mask, mu, t, spks, cond, streaming))
+            got, fused_gemms = _gemms(lambda s=streaming: fused(x, mask, mu, t, spks, cond, s))
+            want, plain_gemms = _gemms(lambda s=streaming: plain(x, mask, mu, t, spks, cond, s))
         torch.testing.assert_close(got, want, atol=FUSED_BOUND, rtol=0)
         assert plain_gemms - fused_gemms == 2 * len(attentions(fused)), (plain_gemms, fused_gemms)

@@ -138,13 +138,13 @@ def number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def run_graph_bench_dry_check(script: Path, tmp_path: Path) -> dict:
+def run_graph_bench_dry_check(script: Path, tmp_path: Path, *extra: str) -> dict:
     """A token2wav graph bench on the CPU (tiny synthetic checkpoint, one rep): its JSON, with the fields and the
     cases both benches share checked. Each case's graphed path ran its padded calls eagerly (no capture on CPU),
     float32, so it gives the eager mel up to rounding; the kernel counts are aten operators there."""
     out = tmp_path / "out" / f"{script.stem}.json"
     out.parent.mkdir()
-    args = ("--device", "cpu", "--preset", "tiny", "--reps", "1", "--out", str(out))
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "1", "--out", str(out), *extra)
     done = run_script(script, *args, scratch=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"wrote {out}" in done.stdout
@@ -181,8 +181,10 @@ def run_graph_bench_dry_check(script: Path, tmp_path: Path) -> dict:
 
 
 def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
-    """Eager against the graphed decoder's padded calls (no capture on CPU), a synthetic tiny checkpoint."""
-    result = run_graph_bench_dry_check(DIT_BENCH, tmp_path)
+    """Eager against the graphed decoder's padded calls (no capture on CPU), a synthetic tiny checkpoint, on the
+    unfused q/k/v projections (the path before tritontts.qkv, for an A/B in one GPU session)."""
+    result = run_graph_bench_dry_check(DIT_BENCH, tmp_path, "--qkv", "unfused")
+    assert result["qkv"] == "unfused"
     for name in ("first_chunk", "later_chunk"):
         case = result["cases"][name]
         assert case["cache_att_max_abs_diff"] < 1e-3 and case["cache_cnn_max_abs_diff"] < 1e-3, (name, case)

@@ -28,6 +28,20 @@ class FusedQKV(nn.Module):
         q, k, v = self.proj(x).split(self.sizes, dim=-1)
         return q, k, v
 
+    def unstacked(self) -> list[nn.Linear]:
+        """The three Linear layers again (for a comparison with the unfused path)."""
+        weights = self.proj.weight.split(self.sizes)
+        biases = self.proj.bias.split(self.sizes) if self.proj.bias is not None else [None] * 3
+        layers = []
+        for weight, bias in zip(weights, biases, strict=True):
+            layer = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None, device=weight.device)
+            with torch.no_grad():
+                layer.weight.copy_(weight)
+                if bias is not None:
+                    layer.bias.copy_(bias)
+            layers.append(layer.to(weight.dtype))
+        return layers
+
 
 class QKVProjection(nn.Module):
     """Base of an attention with `to_q`, `to_k`, `to_v`: `project(x)` → (q, k, v), fused or not."""
@@ -52,6 +66,20 @@ class QKVProjection(nn.Module):
         if self.to_qkv is None:
             self.to_qkv = FusedQKV(self.to_q, self.to_k, self.to_v)
             del self.to_q, self.to_k, self.to_v
+
+    def unfuse(self) -> None:
+        if self.to_qkv is not None:
+            self.to_q, self.to_k, self.to_v = self.to_qkv.unstacked()
+            self.to_qkv = None
+
+
+def unfuse_qkv(module: nn.Module) -> int:
+    """The three projections again in every fused attention of `module` (the path before fusing, for benchmarks
+    that compare the two in one process); returns how many."""
+    attentions = [m for m in module.modules() if isinstance(m, QKVProjection) and m.to_qkv is not None]
+    for attention in attentions:
+        attention.unfuse()
+    return len(attentions)
 
 
 def fuse_qkv(module: nn.Module) -> int:
