@@ -40,7 +40,9 @@ def test_instances_in_counts_every_group_and_each_listed_gpu():
 def test_exit_timeout_covers_the_model_with_most_instances(tmp_path):
     for name, count in (("bls", 16), ("llm", 1)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "config.pbtxt").write_text(f"instance_group [ {{ count: {count}, kind: KIND_CPU }} ]\n")
+        (tmp_path / name / "config.pbtxt").write_text(
+            f"instance_group [ {{ count: {count}, kind: KIND_CPU }} ]\n"
+        )
     assert exit_timeout_for(tmp_path) == REQUEST_GRACE_S + UNLOAD_S_PER_INSTANCE * 16
     assert exit_timeout_for(tmp_path / "missing") == REQUEST_GRACE_S + UNLOAD_S_PER_INSTANCE
 
@@ -77,7 +79,9 @@ def test_end_stub_process_ends_a_stub_at_once_without_teardown(tmp_path):
     )
     paths = [str(REPO_ROOT), sysconfig.get_paths()["purelib"], *sys.path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONHOME=sys.base_prefix)
-    done = subprocess.run([str(fake_stub), "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [str(fake_stub), "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "in stub True\nunflushed"
 
