@@ -2,8 +2,8 @@
 
 The checkpoints keep `to_q`, `to_k` and `to_v` as three Linear layers, and the modules keep their names so that
 they load (and the synthetic generator writes) the official layout. `fuse_qkv` then stacks the three weights
-into one `to_qkv` layer per attention: one matrix multiply per call instead of three (in the CosyVoice2 flow
-estimator, 1,120 fewer kernels per streamed first chunk).
+into one `to_qkv` layer per attention: one matrix multiply per call instead of three (for the CosyVoice2 flow
+estimator's streamed first chunk, 560 GEMMs instead of the 1,680 its profile counted).
 """
 
 from __future__ import annotations
