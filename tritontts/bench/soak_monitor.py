@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritontts.processes import process_argv
 from tritontts.triton.stubs import list_stubs
 
 SERVER_BINARY = "tritonserver"
@@ -26,14 +27,6 @@ FAULTS = {
     "segmentation_fault": re.compile(r"Segmentation fault"),
     "signal": re.compile(r"Signal \(\d+\) received"),
 }
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -52,7 +45,7 @@ def find_servers() -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            argv = _argv(int(entry))
+            argv = process_argv(int(entry))
             if argv and os.path.basename(argv[0]) == SERVER_BINARY:
                 pids.append(int(entry))
     return sorted(pids)
@@ -175,7 +168,7 @@ class Monitor:
             entry = self.processes[label] = {
                 "pid": pid,
                 "model": model,
-                "binary": (_argv(pid) or [""])[0],
+                "binary": (process_argv(pid) or [""])[0],
                 "sha256": self._digest(
                     pid
                 ),  # which stub ran: run.sh copies the chosen one over the same path

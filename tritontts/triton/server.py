@@ -13,6 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritontts.processes import process_argv
 from tritontts.triton.bundle import TritonInstall, find_tritonserver
 from tritontts.triton.unload import exit_timeout_for, exit_timeout_of
 
@@ -141,7 +142,7 @@ class TritonServer:
         if self.process is None:
             return None
         if grace_s is None:
-            grace_s = stop_grace_s(exit_timeout_of(self.command()))
+            grace_s = stop_grace_s(exit_timeout_of(process_argv(self.process.pid)))
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
             try:
@@ -219,22 +220,13 @@ def stop_grace_s(exit_timeout_s: int | None) -> float:
     return float(max(40, (exit_timeout_s or 30) + 10))
 
 
-def _command_line(pid: int) -> list[str]:
-    try:
-        return [
-            a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a
-        ]
-    except OSError:
-        return []
-
-
 def stop_pid(pid: int, grace_s: float | None = None) -> bool:
     """SIGTERM the tritonserver `pid` (not our child), SIGKILL its session after `grace_s` (default: its
     `--exit-timeout-secs` and 10 s); False if not running."""
     if not is_tritonserver(pid):
         return False
     if grace_s is None:
-        grace_s = stop_grace_s(exit_timeout_of(_command_line(pid)))
+        grace_s = stop_grace_s(exit_timeout_of(process_argv(pid)))
     os.kill(pid, signal.SIGTERM)
     if _wait_gone(pid, grace_s):
         return True
