@@ -12,17 +12,24 @@ import torch
 from torch import Tensor, nn
 
 
+def linear_of(weight: Tensor, bias: Tensor | None) -> nn.Linear:
+    """A Linear layer holding copies of `weight` [out, in] and `bias`, on their device, in their dtype."""
+    layer = nn.Linear(
+        weight.size(1), weight.size(0), bias=bias is not None, device=weight.device, dtype=weight.dtype
+    )
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer
+
+
 class FusedQKV(nn.Module):
     def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear) -> None:
         super().__init__()
         self.sizes = [q.out_features, k.out_features, v.out_features]
-        has_bias = q.bias is not None
-        self.proj = nn.Linear(q.in_features, sum(self.sizes), bias=has_bias, device=q.weight.device)
-        with torch.no_grad():
-            self.proj.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
-            if has_bias:
-                self.proj.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
-        self.proj.to(q.weight.dtype)
+        bias = torch.cat([q.bias, k.bias, v.bias]) if q.bias is not None else None
+        self.proj = linear_of(torch.cat([q.weight, k.weight, v.weight]), bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.proj(x).split(self.sizes, dim=-1)
@@ -32,15 +39,7 @@ class FusedQKV(nn.Module):
         """The three Linear layers again (for a comparison with the unfused path)."""
         weights = self.proj.weight.split(self.sizes)
         biases = self.proj.bias.split(self.sizes) if self.proj.bias is not None else [None] * 3
-        layers = []
-        for weight, bias in zip(weights, biases, strict=True):
-            layer = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None, device=weight.device)
-            with torch.no_grad():
-                layer.weight.copy_(weight)
-                if bias is not None:
-                    layer.bias.copy_(bias)
-            layers.append(layer.to(weight.dtype))
-        return layers
+        return [linear_of(weight, bias) for weight, bias in zip(weights, biases, strict=True)]
 
 
 class QKVProjection(nn.Module):
