@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tritontts.openai_api.encode import missing_formats
 from tritontts.openai_api.settings import DEFAULT_MODEL_SPEC, Settings, load_model_map, parse_model_spec
+from tritontts.text.normalize import NormalizationUnavailable, check_available
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -77,6 +78,13 @@ def get_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--retry-after", type=int, default=2, help="Retry-After seconds of overload answers")
     p.add_argument(
+        "--no-text-normalization",
+        dest="text_normalization",
+        action="store_false",
+        help="send text as written unless a request asks for text_normalization (then wetext and inflect are "
+        "not needed at startup); default: normalized (docs/text.md)",
+    )
+    p.add_argument(
         "--no-ui",
         dest="ui",
         action="store_false",
@@ -108,6 +116,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_concurrent_requests=args.max_concurrent_requests,
         queue_timeout_s=args.queue_timeout,
         retry_after_s=args.retry_after,
+        text_normalization=args.text_normalization,
         ui=args.ui,
     )
 
@@ -116,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = get_parser().parse_args(argv)
     try:
         settings = settings_from_args(args)
-    except (ValueError, OSError) as err:
+        if settings.text_normalization:
+            check_available()
+    except (ValueError, OSError, NormalizationUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     import uvicorn

@@ -8,6 +8,7 @@ import base64
 import hmac
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -30,6 +31,7 @@ from tritontts.openai_api.triton_client import TritonTTS
 from tritontts.openai_api.voice_request import TritonVoice, choose_voice, profile_request, triton_voice
 from tritontts.openai_api.voices import Voice, VoiceStore
 from tritontts.text import TextNormalizer
+from tritontts.text.normalize import check_available
 from tritontts.voice_profile import ProfileError
 
 log = logging.getLogger("tritontts.openai_api")
@@ -55,6 +57,9 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        if settings.text_normalization:
+            check_available()  # a missing wetext stops the start here, not every request with a 500
+            threading.Thread(target=normalizer.load, name="load-text-normalizer", daemon=True).start()
         yield
         await triton.close()
 

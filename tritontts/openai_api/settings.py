@@ -46,6 +46,8 @@ class Settings:
         0.0  # sent as Triton's request `timeout`: longer in its queue is rejected (0: none)
     )
     retry_after_s: int = 2  # the Retry-After of 429 and 503 answers to overload
+    text_normalization: bool = True
+    """normalize `input` when a request leaves `text_normalization` out (the API loads wetext at startup)"""
     ui: bool = True  # the page for trying voices at /ui/ (tritontts.openai_api.ui)
 
     def route(self, name: str) -> ModelRoute | None:

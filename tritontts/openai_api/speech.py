@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from tritontts.openai_api.encode import FORMATS, UNSUPPORTED, missing_formats
 from tritontts.openai_api.errors import ApiError, bad_request
 from tritontts.openai_api.settings import ModelRoute, Settings
+from tritontts.text.normalize import unavailable_reason
 
 STREAM_FORMATS = ("audio", "sse")
 TASK_TYPES = ("Base", "VoiceDesign", "CustomVoice")
@@ -59,9 +60,10 @@ class SpeechRequest(BaseModel):
     """base64 audio (or a `data:audio/...;base64,` URI) in JSON; the file part's bytes in multipart"""
     ref_text: str | None = None
     task_type: str | None = None
-    text_normalization: bool = True
+    text_normalization: bool | None = None
     """upstream CosyVoice's text front end on `input` and the voice's transcript (tritontts.text); false sends
-    them as written (a long input is still cut into segments)"""
+    them as written (a long input is still cut into segments); left out: the server's `--no-text-normalization`
+    decides (on unless given)"""
 
     @property
     def voice_name(self) -> str | None:
@@ -117,5 +119,14 @@ def check_speech_request(request: SpeechRequest, settings: Settings) -> ModelRou
     if request.task_type is not None and request.task_type not in TASK_TYPES:
         raise bad_request(
             f"task_type must be one of {', '.join(TASK_TYPES)}, not '{request.task_type}'", "task_type"
+        )
+    if request.text_normalization is None:
+        request.text_normalization = settings.text_normalization
+    if request.text_normalization and (reason := unavailable_reason()) is not None:
+        raise bad_request(
+            f"this server cannot normalize text ({reason}; it needs wetext and inflect): "
+            "send text_normalization false",
+            "text_normalization",
+            "unsupported_value",
         )
     return route

@@ -9,12 +9,14 @@ raise) is kept as written, the rules after wetext still applied. Tags (`[laughte
 wetext unchanged in practice; should a tag ever come out changed, the text between the tags is normalized piece
 by piece instead and the tags put back.
 
-The wetext grammars (about 60 MB in memory) and inflect load at the first call. One normalizer may serve many
+The wetext grammars (about 60 MB in memory) and inflect load at the first call, or at `load()` (the speech API
+calls it at startup). One normalizer may serve many
 threads: calls take turns (inflect's engine keeps state while it spells a number).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -45,6 +47,30 @@ def language(text: str) -> str:
     return "zh" if contains_chinese(text) else "en"
 
 
+class NormalizationUnavailable(RuntimeError):
+    """wetext or inflect (requirements.txt) cannot be imported here."""
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """None when the text front end's libraries import; otherwise why not (e.g. "No module named 'wetext'")."""
+    try:
+        import inflect  # noqa: F401
+        import wetext  # noqa: F401
+    except ImportError as err:
+        return str(err)
+    return None
+
+
+def check_available() -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        raise NormalizationUnavailable(
+            f"text normalization needs wetext and inflect (both in requirements.txt): {reason}; install them, "
+            "or start the speech API with --no-text-normalization"
+        )
+
+
 class TextNormalizer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -52,9 +78,15 @@ class TextNormalizer:
         self._en: Any = None
         self._speller: Any = None
 
+    def load(self) -> None:
+        """Load the grammars now (about 2 s) rather than at the first call; NormalizationUnavailable without them."""
+        with self._lock:
+            self._load()
+
     def _load(self) -> None:
         if self._speller is not None:
             return
+        check_available()
         import inflect
         from wetext import Normalizer
 
