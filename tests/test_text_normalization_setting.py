@@ -15,6 +15,8 @@ from tritontts.openai_api.__main__ import get_parser, settings_from_args
 from tritontts.openai_api.settings import parse_model_spec
 from tritontts.openai_api.speech import SpeechRequest, check_speech_request
 from tritontts.text import normalize
+from tritontts.text.request import wants_normalization
+from tritontts.triton.params import RequestError
 from tritontts.triton.server import free_ports
 
 ROUTE = parse_model_spec("spark-offline=spark_tts_offline")
@@ -68,3 +70,13 @@ def test_without_wetext_and_normalization_off_a_request_for_it_is_a_400(no_wetex
     assert error["param"] == "text_normalization"
     assert "cannot normalize text" in error["message"] and "wetext" in error["message"]
     assert "send text_normalization false" in error["message"]
+
+
+def test_without_wetext_a_bls_request_for_normalization_names_the_parameter(no_wetext):
+    assert wants_normalization({}, False) is False
+    assert wants_normalization({"text_normalization": False}, True) is False
+    with pytest.raises(RequestError) as err:
+        wants_normalization({"text_normalization": True}, False)
+    assert err.value.field == "text_normalization" and "wetext" in str(err.value)
+    with pytest.raises(normalize.NormalizationUnavailable, match="needs wetext and inflect"):
+        normalize.check_available()

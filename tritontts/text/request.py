@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TypeVar
 
-from tritontts.text.normalize import TextNormalizer
+from tritontts.text.normalize import TextNormalizer, unavailable_reason
 from tritontts.triton.params import RequestError
 
 PARAMETER = "text_normalization"
@@ -20,6 +20,8 @@ def wants_normalization(parameters: dict, default: bool) -> bool:
     value = parameters.get(PARAMETER, default)
     if not isinstance(value, bool):
         raise RequestError(PARAMETER, f"must be a boolean, got {value!r}")
+    if value and (reason := unavailable_reason()) is not None:
+        raise RequestError(PARAMETER, f"cannot be true here: this server cannot normalize text ({reason})")
     return value
 
 

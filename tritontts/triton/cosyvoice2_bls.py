@@ -41,7 +41,7 @@ from tritontts.cosyvoice2.token2wav import StreamSchedule
 from tritontts.cosyvoice2.wire import token2wav_arrays
 from tritontts.dit_token2wav.wire import dit_token2wav_arrays
 from tritontts.spark.service import RequestLimits, check_reference_wav, check_token_budget
-from tritontts.text.normalize import TextNormalizer
+from tritontts.text.normalize import TextNormalizer, check_available
 from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.metrics import StageSeconds, release_metrics
@@ -135,6 +135,8 @@ class CosyVoiceBlsBase:
         self.voice_cache_size = model_param(config, "voice_cache_size", int, default=256)
         self.bistream_idle_timeout_s = model_param(config, "bistream_idle_timeout_s", float, default=30.0)
         self.text_normalization = model_param(config, "text_normalization", bool, default=False)
+        if self.text_normalization:
+            check_available()  # the model fails to load, naming what is missing
         self.normalizer = TextNormalizer()
         self.voice_store = voice_store(
             model_param(config, "voice_cache_dir", default="auto"),

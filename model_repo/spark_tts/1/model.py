@@ -27,7 +27,7 @@ from tritontts.spark.service import (
     check_voice_tokens,
 )
 from tritontts.streaming import ChunkSchedule
-from tritontts.text.normalize import TextNormalizer
+from tritontts.text.normalize import TextNormalizer, check_available
 from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.debug import enable_stack_dumps
@@ -90,6 +90,8 @@ class TritonPythonModel:
         )
         self.limits = limits
         self.text_normalization = model_param(config, "text_normalization", bool, default=False)
+        if self.text_normalization:
+            check_available()  # the model fails to load, naming what is missing
         self.normalizer = TextNormalizer()
         self.models = {
             role: model_param(config, f"{role}_model", default=role)
