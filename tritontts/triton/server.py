@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
@@ -175,8 +176,8 @@ def answers_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with opener.open(url, timeout=timeout) as reply:
             return reply.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError):
+        return False  # HTTPException: e.g. a probe of a free ephemeral port that connected to itself (no HTTP reply)
 
 
 def is_ready(http_url: str, timeout: float = 2.0) -> bool:
