@@ -329,8 +329,9 @@ if [ -x /opt/tritonserver/bin/tritonserver ]; then in_container=true; fi
 wheel_stub_risk=false   # a GPU host serving with the nvidia-pytriton wheel's tritonserver and no stub chosen
 if [ "$gpu_host" = true ] && [ "$in_container" = false ] && [ "$python_stub_choice" != wheel ] \
   && ! command -v tritonserver >/dev/null 2>&1; then wheel_stub_risk=true; fi
+wheel_stub_would_serve() { [ "$wheel_stub_risk" = true ] && [ -z "${TRITONTTS_PYTHON_STUB:-}" ]; }  # stage -1 may set one
 require_fixed_stub() {  # stages 3 and 7: a GPU host does not serve with the wheel's stub unless asked to
-  [ "$wheel_stub_risk" = true ] && [ -z "${TRITONTTS_PYTHON_STUB:-}" ] || return 0
+  wheel_stub_would_serve || return 0
   echo "run.sh: this GPU host would serve with the python-backend stub of the nvidia-pytriton wheel (python_backend" \
     "r24.10), which corrupts its heap and kills BLS stubs under load on GPUs (docs/gpu-hosts.md#bare-gpu-hosts-the-python-backend-stub)." \
     "Build the fixed r24.12 stub once: bash run.sh -1 -1 --build_python_stub true (git, cmake, a C++ compiler," \
@@ -542,7 +543,7 @@ if [ "$stage" -le -1 ] && [ "$stop_stage" -ge -1 ]; then
     build_stub=$build_python_stub
     if [ "$build_stub" = auto ]; then
       build_stub=false
-      if [ "$wheel_stub_risk" = true ] && [ -z "${TRITONTTS_PYTHON_STUB:-}" ]; then
+      if wheel_stub_would_serve; then
         if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
           build_stub=true
           log "GPU host: building python_backend r24.12's stub (--build_python_stub auto; the wheel's crashes on GPUs)"

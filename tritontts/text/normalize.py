@@ -10,8 +10,8 @@ wetext unchanged in practice; should a tag ever come out changed, the text betwe
 by piece instead and the tags put back.
 
 The wetext grammars (about 60 MB in memory) and inflect load at the first call, or at `load()` (the speech API
-calls it at startup). One normalizer may serve many
-threads: calls take turns (inflect's engine keeps state while it spells a number).
+calls it at startup). One normalizer may serve many threads: calls take turns (inflect's engine keeps state while
+it spells a number).
 """
 
 from __future__ import annotations
