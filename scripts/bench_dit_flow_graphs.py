@@ -66,12 +66,19 @@ def main() -> int:
         default="fused",
         help="unfused: the three q/k/v projections of the checkpoint, as before tritontts.qkv (an A/B in one session)",
     )
+    parser.add_argument(
+        "--convs",
+        choices=("cudnn", "packed"),
+        default="cudnn",
+        help="packed: convolutions as GEMMs over time-major memory (tritontts.conv_gemm; an A/B in one session)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA GPU (use --device cpu for a dry check)", file=sys.stderr)
         return 1
 
+    from tritontts.conv_gemm import pack_convs
     from tritontts.cosyvoice2.hift import HIFT_FILE, load_hift
     from tritontts.devices import resolve_flow_dtype
     from tritontts.dit_token2wav.flow import load_dit_flow
@@ -85,6 +92,8 @@ def main() -> int:
         flow = load_dit_flow(model_dir, device, dtype)
         if args.qkv == "unfused":
             unfuse_qkv(flow)
+        if args.convs == "packed":
+            pack_convs(flow)
         hift = load_hift(model_dir / HIFT_FILE, hift_config_of(model_dir / HIFT_FILE), device)
     t2w = DiTToken2Wav(flow, hift, seed=0)
     steps = flow.config.n_timesteps
@@ -196,6 +205,7 @@ def main() -> int:
         "model": str(args.model_dir) if args.model_dir else f"synthetic {args.preset}, seed 0",
         "flow_dtype": str(dtype),
         "qkv": args.qkv,
+        "convs": args.convs,
         "reps": args.reps,
         "graph_config": {
             "offline_buckets": list(config.buckets),

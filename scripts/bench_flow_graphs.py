@@ -32,6 +32,7 @@ import torch
 from tritontts.bench.graph_bench import capture_eagerly
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, median_ms, synchronize
+from tritontts.conv_gemm import pack_convs
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
@@ -253,6 +254,12 @@ def main() -> int:
         default="fused",
         help="unfused: the three q/k/v projections of the checkpoint, as before tritontts.qkv (an A/B in one session)",
     )
+    parser.add_argument(
+        "--convs",
+        choices=("cudnn", "packed"),
+        default="cudnn",
+        help="packed: convolutions as GEMMs over time-major memory (tritontts.conv_gemm; an A/B in one session)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -266,6 +273,8 @@ def main() -> int:
         t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
     if args.qkv == "unfused":
         unfuse_qkv(t2w.flow)
+    if args.convs == "packed":
+        pack_convs(t2w.flow)
     if args.compile_only:
         result = {
             "device": device_name(device),
@@ -273,6 +282,7 @@ def main() -> int:
             "command": " ".join(sys.argv),
             "flow_dtype": str(dtype),
             "qkv": args.qkv,
+            "convs": args.convs,
             "compiled_estimator": compile_rows(
                 t2w, args.compile_frames, dtype, args.reps, args.compile_dynamic
             ),
@@ -299,6 +309,7 @@ def main() -> int:
         "model": str(args.model_dir) if args.model_dir else f"synthetic {args.preset}, seed 0",
         "flow_dtype": str(dtype),
         "qkv": args.qkv,
+        "convs": args.convs,
         "capture": {
             "graphs": report.graphs,
             "seconds": round(report.seconds, 2),

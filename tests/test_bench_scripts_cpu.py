@@ -134,11 +134,13 @@ def test_bench_flow_graphs_cpu_dry_check(tmp_path: Path):
         "1",
         "--graph-batch-sizes",
         "2,1",
+        "--convs",
+        "packed",
     )
     result = run_json("bench_flow_graphs.py", *args, "--out", str(tmp_path / "flow.json"), scratch=tmp_path)
 
     assert result["model"] == "synthetic tiny, seed 0" and result["flow_dtype"] == "torch.float32"
-    assert result["qkv"] == "fused"
+    assert result["qkv"] == "fused" and result["convs"] == "packed"
     assert result["capture"]["graphs"] == 0
     assert result["capture"]["batch_sizes"] == [1, 2]
     assert [(r["streams"], r["frames"]) for r in result["decoder"]] == [(1, 186), (1, 400), (8, 186)]

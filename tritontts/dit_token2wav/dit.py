@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tritontts.cosyvoice2.flow.blocks import CausalConv1d, Transpose
+from tritontts.conv_gemm import CausalConv1d
+from tritontts.cosyvoice2.flow.blocks import Transpose
 from tritontts.dit_token2wav.config import DiTConfig
 from tritontts.qkv import QKVProjection
 
@@ -149,13 +150,19 @@ class CausalConvBlock(nn.Module):
                 return y[..., -(CONV_KERNEL - 1) :]
             return y.gather(2, tail.expand(-1, y.size(1), -1))
 
-        y = torch.cat([cache1, x.transpose(1, 2)], dim=2)
+        def after_history(history: Tensor, y: Tensor) -> Tensor:
+            """history [B, C, 2] ‖ y [B, C, T] on time; time-major in memory for packed convolutions."""
+            if first.packed_weight is None:
+                return torch.cat([history, y], dim=2)
+            return torch.cat([history.mT, y.mT], dim=1).mT
+
+        y = after_history(cache1, x.transpose(1, 2))
         new1 = last_inputs(y)
-        y = F.conv1d(y, first.weight, first.bias)
+        y = first.over_history(y)
         y = self.block[4](self.block[3](y.transpose(1, 2))).transpose(1, 2)
-        y = torch.cat([cache2, y], dim=2)
+        y = after_history(cache2, y)
         new2 = last_inputs(y)
-        y = F.conv1d(y, second.weight, second.bias)
+        y = second.over_history(y)
         return y.transpose(1, 2), torch.cat([new1, new2], dim=1)
 
 

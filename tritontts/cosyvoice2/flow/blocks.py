@@ -12,18 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tritontts.conv_gemm import CausalConv1d, PointwiseConv1d
 from tritontts.qkv import QKVProjection
-
-
-class CausalConv1d(nn.Conv1d):
-    """Stride-1 convolution padded on the left only, so frame t sees frames <= t."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
-        super().__init__(in_channels, out_channels, kernel_size)
-        self.causal_padding = kernel_size - 1
-
-    def forward(self, x: Tensor) -> Tensor:
-        return super().forward(F.pad(x, (self.causal_padding, 0)))
 
 
 class Transpose(nn.Module):
@@ -48,7 +38,7 @@ class CausalResnetBlock1D(nn.Module):
         self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
         self.block1 = CausalBlock1D(dim, dim_out)
         self.block2 = CausalBlock1D(dim_out, dim_out)
-        self.res_conv = nn.Conv1d(dim, dim_out, 1)
+        self.res_conv = PointwiseConv1d(dim, dim_out)
 
     def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor) -> Tensor:
         h = self.block1(x, mask) + self.mlp(time_emb).unsqueeze(-1)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from tritontts.conv_gemm import CausalConv1d, PointwiseConv1d
 from tritontts.cosyvoice2.config import EstimatorConfig
 from tritontts.cosyvoice2.flow.blocks import (
     CausalBlock1D,
-    CausalConv1d,
     CausalResnetBlock1D,
     Downsample1D,
     TimestepEmbedding,
@@ -62,7 +62,7 @@ class Estimator(nn.Module):
                 nn.ModuleList([CausalResnetBlock1D(in_ch, out_ch, time_dim), transformers(out_ch), resample])
             )
         self.final_block = CausalBlock1D(up_channels[-1], up_channels[-1])
-        self.final_proj = nn.Conv1d(up_channels[-1], config.out_channels, 1)
+        self.final_proj = PointwiseConv1d(up_channels[-1], config.out_channels)
 
     def _transform(self, x: Tensor, attn_mask: Tensor, blocks: nn.ModuleList) -> Tensor:
         x = x.transpose(1, 2)
