@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from leftover_stubs import kill_leftover_stubs
 from tolerance import SERVER_TORCH_THREADS
-from waiting import scaled
+from waiting import scaled, wait_until
 
 # Every tritonserver, stub and run.sh the tests start inherits this: OpenMP threads that sleep when idle instead of
 # spinning, so the many stubs of a test server do not take the 2 cores from each other (on CI's machine a routed
@@ -38,6 +38,7 @@ from tritontts.triton.server import ServerConfig, ServerError, TritonServer, fre
 
 TRITON_MODELS_DIR = Path(__file__).parent / "triton_models"
 SERVER_MALLOC_ARENAS = "2"  # run.sh --server_malloc_arena_max's default
+UNLOAD_BELOW_AVAILABLE_GIB = float(os.environ.get("TRITONTTS_TEST_UNLOAD_BELOW_GIB", "10"))
 
 
 @dataclass
@@ -45,6 +46,8 @@ class RunningTriton:
     server: TritonServer
     repo: Path
     loaded: set[str] = field(default_factory=set)
+    module_loads: set[str] = field(default_factory=set)
+    """the models the running test module asked for (loaded by it or before it)"""
 
     @property
     def http_url(self) -> str:
@@ -59,6 +62,7 @@ class RunningTriton:
         import tritonclient.http as httpclient
         from tritonclient.utils import InferenceServerException
 
+        self.module_loads.update(names)
         client = httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
         for name in names:
             if name in self.loaded:
@@ -76,15 +80,28 @@ class RunningTriton:
         return self
 
     def unload(self, *names: str) -> None:
-        """Unload models this session loaded (a module's UNLOAD_AFTER), waiting until each is gone."""
+        """Unload models this session loaded, waiting (bounded) until their stubs are gone."""
         import tritonclient.http as httpclient
 
+        names = tuple(name for name in names if name in self.loaded)
+        if not names:
+            return
         client = httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
         try:
             for name in names:
-                if name in self.loaded:
-                    client.unload_model(name)
-                    self.loaded.discard(name)
+                client.unload_model(name)
+                self.loaded.discard(name)
+            wait_until(
+                lambda: [
+                    m["name"]
+                    for m in client.get_model_repository_index()
+                    if m["name"] in names and m.get("state") in ("READY", "UNLOADING")
+                ],
+                lambda still_there: not still_there,
+                what=f"unloading {', '.join(names)}",
+                timeout=60,
+                interval=0.2,
+            )
         finally:
             client.close()
 
@@ -92,14 +109,28 @@ class RunningTriton:
 _SESSION_SERVERS: list[RunningTriton] = []  # the session's server once the `triton` fixture started it
 
 
+def available_memory_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _unload_after_module(request: pytest.FixtureRequest):
-    """A module's UNLOAD_AFTER models leave the session server after its last test: models no other module
-    loads, so the session's memory (near the CI machine's limit) does not keep them to the end."""
+    """After a module's last test, its UNLOAD_AFTER models (no other module loads them) leave the session server;
+    and while the machine has less than UNLOAD_BELOW_AVAILABLE_GIB free, so do all models the module did not ask
+    for (a later module that wants one loads it again). Without this, the session server's stubs (150-320 MiB
+    each, one per model) filled CI's 24 GiB machine before the last modules, and the kernel killed the run."""
+    if _SESSION_SERVERS:
+        _SESSION_SERVERS[0].module_loads.clear()
     yield
-    names = getattr(request.module, "UNLOAD_AFTER", ())
-    if names and _SESSION_SERVERS:
-        _SESSION_SERVERS[0].unload(*names)
+    if not _SESSION_SERVERS:
+        return
+    server = _SESSION_SERVERS[0]
+    server.unload(*getattr(request.module, "UNLOAD_AFTER", ()))
+    if available_memory_gib() < UNLOAD_BELOW_AVAILABLE_GIB:
+        server.unload(*sorted(server.loaded - server.module_loads))
 
 
 def _module_entries(items: list[pytest.Item]) -> list[Path | Callable]:
