@@ -48,6 +48,8 @@ class RunningTriton:
     loaded: set[str] = field(default_factory=set)
     module_loads: set[str] = field(default_factory=set)
     """the models the running test module asked for (loaded by it or before it)"""
+    kept: set[str] = field(default_factory=set)
+    """models never unloaded to free memory (the reliability suite's: their queues may hold abandoned requests)"""
 
     @property
     def http_url(self) -> str:
@@ -130,7 +132,7 @@ def _unload_after_module(request: pytest.FixtureRequest):
     server = _SESSION_SERVERS[0]
     server.unload(*getattr(request.module, "UNLOAD_AFTER", ()))
     if available_memory_gib() < UNLOAD_BELOW_AVAILABLE_GIB:
-        server.unload(*sorted(server.loaded - server.module_loads))
+        server.unload(*sorted(server.loaded - server.module_loads - server.kept))
 
 
 def _module_entries(items: list[pytest.Item]) -> list[Path | Callable]:

@@ -146,10 +146,12 @@ def speech_api(triton_url: str, tmp_path_factory, prompt_zh: Path, *extra: str, 
 
 
 def loaded(*models: str):
-    """A module's `server` fixture: the session server with `models` loaded."""
+    """A module's `server` fixture: the session server with `models` loaded, kept to the session's end (tests
+    leave requests queued on them that an unload would wait for)."""
 
     @pytest.fixture(scope="module")
     def server(triton):
+        triton.kept.update(models)
         return triton.load(*models)
 
     return server

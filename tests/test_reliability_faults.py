@@ -60,6 +60,7 @@ NEXT_REQUESTS = int(knob("next_requests", 6))  # scripts/soak.py: 20
 
 @pytest.fixture(scope="module")
 def server(triton, tmp_path_factory):
+    triton.kept.update(SPARK_MODELS + COSY_MODELS)
     triton.load(*SPARK_MODELS, *COSY_MODELS)
     arrays = spark_arrays(reference_clip(PROMPT_ZH))
     for entry in (SPARK_STREAM, COSY_STREAM):  # first requests warm every model up
