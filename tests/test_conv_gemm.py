@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from estimator_inputs import estimator_inputs
 
 from tritontts.conv_gemm import CausalConv1d, PointwiseConv1d, pack_convs, unpack_convs
 from tritontts.cosyvoice2.flow.flow import load_flow
@@ -82,18 +83,13 @@ def test_packing_keeps_the_checkpoint_layout_and_unpacks(tmp_path: Path):
 def test_the_cosyvoice2_estimator_keeps_its_velocity_packed(tmp_path: Path):
     write_flow(tmp_path, "tiny", seed=0)
     estimator = load_flow(tmp_path).decoder.estimator
-    gen = torch.Generator().manual_seed(1)
-    frames, mel = 50, estimator.config.out_channels
-    x, mu, cond = (torch.randn(2, mel, frames, generator=gen) for _ in range(3))
-    spks, t = torch.randn(2, mel, generator=gen), torch.rand(2, generator=gen)
-    mask = torch.ones(2, 1, frames)
-    mask[1, :, 40:] = 0
+    inputs = estimator_inputs(estimator.config.out_channels)
     for streaming in (False, True):
         with torch.no_grad():
             unpack_convs(estimator)
-            want = estimator(x, mask, mu, t, spks, cond, streaming)
+            want = estimator(*inputs, streaming)
             pack_convs(estimator)
-            got = estimator(x, mask, mu, t, spks, cond, streaming)
+            got = estimator(*inputs, streaming)
         torch.testing.assert_close(got, want, atol=PACKED_BOUND, rtol=0)
 
 

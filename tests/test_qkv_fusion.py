@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from estimator_inputs import estimator_inputs
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
@@ -105,15 +106,10 @@ def test_the_cosyvoice2_estimator_keeps_its_velocity_with_two_gemms_fewer_per_bl
     fused_flow, build = _cosyvoice2(tmp_path)
     plain_flow = build_and_load(build, tmp_path / FLOW_FILE, "cpu", lambda f: f.decoder.reset_noise()).eval()
     fused, plain = fused_flow.decoder.estimator, plain_flow.decoder.estimator
-    gen = torch.Generator().manual_seed(1)
-    frames, mel = 50, fused.config.out_channels
-    x, mu, cond = (torch.randn(2, mel, frames, generator=gen) for _ in range(3))
-    spks, t = torch.randn(2, mel, generator=gen), torch.rand(2, generator=gen)
-    mask = torch.ones(2, 1, frames)
-    mask[1, :, 40:] = 0
+    inputs = estimator_inputs(fused.config.out_channels)
     for streaming in (False, True):
         with torch.no_grad():
-            got, fused_gemms = _gemms(lambda s=streaming: fused(x, mask, mu, t, spks, cond, s))
-            want, plain_gemms = _gemms(lambda s=streaming: plain(x, mask, mu, t, spks, cond, s))
+            got, fused_gemms = _gemms(lambda s=streaming: fused(*inputs, s))
+            want, plain_gemms = _gemms(lambda s=streaming: plain(*inputs, s))
         torch.testing.assert_close(got, want, atol=FUSED_BOUND, rtol=0)
         assert plain_gemms - fused_gemms == 2 * len(attentions(fused)), (plain_gemms, fused_gemms)
