@@ -13,6 +13,7 @@ The modules keep the checkpoint's names and parameters (the packed weight is a b
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -42,6 +43,13 @@ class CausalConv1d(nn.Conv1d):
         if self.packed_weight is None:
             return super().forward(F.pad(x, (self.causal_padding, 0)))
         return self.over_history(F.pad(x.mT, (0, 0, self.causal_padding, 0)).mT)
+
+    def after_history(self, history: Tensor, x: Tensor) -> Tensor:
+        """history [B, C, kernel - 1] ‖ x [B, C, T] on time, in the memory layout `over_history` reads (time-major
+        when packed)."""
+        if self.packed_weight is None:
+            return torch.cat([history, x], dim=2)
+        return torch.cat([history.mT, x.mT], dim=1).mT
 
     def over_history(self, y: Tensor) -> Tensor:
         """y [B, C, kernel - 1 + T]: its first kernel - 1 frames are the history → [B, O, T]."""

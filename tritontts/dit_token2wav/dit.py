@@ -150,17 +150,11 @@ class CausalConvBlock(nn.Module):
                 return y[..., -(CONV_KERNEL - 1) :]
             return y.gather(2, tail.expand(-1, y.size(1), -1))
 
-        def after_history(history: Tensor, y: Tensor) -> Tensor:
-            """history [B, C, 2] ‖ y [B, C, T] on time; time-major in memory for packed convolutions."""
-            if first.packed_weight is None:
-                return torch.cat([history, y], dim=2)
-            return torch.cat([history.mT, y.mT], dim=1).mT
-
-        y = after_history(cache1, x.transpose(1, 2))
+        y = first.after_history(cache1, x.transpose(1, 2))
         new1 = last_inputs(y)
         y = first.over_history(y)
         y = self.block[4](self.block[3](y.transpose(1, 2))).transpose(1, 2)
-        y = after_history(cache2, y)
+        y = second.after_history(cache2, y)
         new2 = last_inputs(y)
         y = second.over_history(y)
         return y.transpose(1, 2), torch.cat([new1, new2], dim=1)
