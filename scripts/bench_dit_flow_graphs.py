@@ -68,9 +68,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--convs",
-        choices=("cudnn", "packed"),
-        default="cudnn",
-        help="packed: convolutions as GEMMs over time-major memory (tritontts.conv_gemm; an A/B in one session)",
+        choices=("packed", "cudnn"),
+        default="packed",
+        help="cudnn: cuDNN's convolutions, as before loading packed them (tritontts.conv_gemm; an A/B in one session)",
     )
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -78,7 +78,7 @@ def main() -> int:
         print("error: no CUDA GPU (use --device cpu for a dry check)", file=sys.stderr)
         return 1
 
-    from tritontts.conv_gemm import pack_convs
+    from tritontts.conv_gemm import unpack_convs
     from tritontts.cosyvoice2.hift import HIFT_FILE, load_hift
     from tritontts.devices import resolve_flow_dtype
     from tritontts.dit_token2wav.flow import load_dit_flow
@@ -92,8 +92,8 @@ def main() -> int:
         flow = load_dit_flow(model_dir, device, dtype)
         if args.qkv == "unfused":
             unfuse_qkv(flow)
-        if args.convs == "packed":
-            pack_convs(flow)
+        if args.convs == "cudnn":
+            unpack_convs(flow)
         hift = load_hift(model_dir / HIFT_FILE, hift_config_of(model_dir / HIFT_FILE), device)
     t2w = DiTToken2Wav(flow, hift, seed=0)
     steps = flow.config.n_timesteps

@@ -32,7 +32,7 @@ import torch
 from tritontts.bench.graph_bench import capture_eagerly
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, median_ms, synchronize
-from tritontts.conv_gemm import pack_convs
+from tritontts.conv_gemm import unpack_convs
 from tritontts.cosyvoice2.flow.graphs import GraphedCFM
 from tritontts.cosyvoice2.token2wav import StreamSchedule, Token2Wav, Token2WavCall
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
@@ -256,9 +256,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--convs",
-        choices=("cudnn", "packed"),
-        default="cudnn",
-        help="packed: convolutions as GEMMs over time-major memory (tritontts.conv_gemm; an A/B in one session)",
+        choices=("packed", "cudnn"),
+        default="packed",
+        help="cudnn: cuDNN's convolutions, as before loading packed them (tritontts.conv_gemm; an A/B in one session)",
     )
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -273,8 +273,8 @@ def main() -> int:
         t2w = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, seed=0)
     if args.qkv == "unfused":
         unfuse_qkv(t2w.flow)
-    if args.convs == "packed":
-        pack_convs(t2w.flow)
+    if args.convs == "cudnn":
+        unpack_convs(t2w.flow)
     if args.compile_only:
         result = {
             "device": device_name(device),

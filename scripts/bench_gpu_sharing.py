@@ -102,7 +102,8 @@ def stop_llm(child: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def build_token2wav(prompt_tokens: int, priority: str, device: torch.device, preset: str):
+def build_token2wav(prompt_tokens: int, priority: str, device: torch.device, preset: str, convs: str):
+    from tritontts.conv_gemm import unpack_convs
     from tritontts.cosyvoice2.token2wav import Token2Wav
     from tritontts.cuda_graphs import FlowGraphConfig
     from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
@@ -117,6 +118,8 @@ def build_token2wav(prompt_tokens: int, priority: str, device: torch.device, pre
         write_hift(folder, preset, seed=0)
         dtype = torch.float16 if cuda else torch.float32
         t2w = Token2Wav.from_model_dir(folder, device=device, dtype=dtype, seed=0)
+    if convs == "cudnn":
+        unpack_convs(t2w.flow)
     if cuda:
         t2w.flow.use_cuda_graphs(FlowGraphConfig(batch_sizes=(1,), streaming=(True,)))
         t2w.hift.use_cuda_graphs()
@@ -164,6 +167,12 @@ def main() -> int:
     )
     parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument(
+        "--convs",
+        choices=("packed", "cudnn"),
+        default="packed",
+        help="cudnn: the flow's convolutions in cuDNN, as before loading packed them (an A/B in one session)",
+    )
     parser.add_argument("--out", type=Path, default=Path("gpu_sharing.json"))
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -176,7 +185,7 @@ def main() -> int:
     unknown = [arm for arm in arms if arm not in ARM_ENVIRONMENTS]
     if unknown:
         parser.error(f"--arms: unknown {unknown}")
-    first_chunk = build_token2wav(args.prompt_tokens, args.stream_priority, device, args.preset)
+    first_chunk = build_token2wav(args.prompt_tokens, args.stream_priority, device, args.preset, args.convs)
     result: dict = {
         "device": device_name(device),
         "torch": torch.__version__,
@@ -185,6 +194,7 @@ def main() -> int:
         "preset": args.preset,
         "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
         "stream_priority": args.stream_priority,
+        "convs": args.convs,
         "prompt_tokens": args.prompt_tokens,
         "arms": {},
     }

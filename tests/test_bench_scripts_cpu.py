@@ -135,12 +135,12 @@ def test_bench_flow_graphs_cpu_dry_check(tmp_path: Path):
         "--graph-batch-sizes",
         "2,1",
         "--convs",
-        "packed",
+        "cudnn",
     )
     result = run_json("bench_flow_graphs.py", *args, "--out", str(tmp_path / "flow.json"), scratch=tmp_path)
 
     assert result["model"] == "synthetic tiny, seed 0" and result["flow_dtype"] == "torch.float32"
-    assert result["qkv"] == "fused" and result["convs"] == "packed"
+    assert result["qkv"] == "fused" and result["convs"] == "cudnn"
     assert result["capture"]["graphs"] == 0
     assert result["capture"]["batch_sizes"] == [1, 2]
     assert [(r["streams"], r["frames"]) for r in result["decoder"]] == [(1, 186), (1, 400), (8, 186)]
@@ -243,11 +243,14 @@ def test_bench_spark_codec_cpu_dry_check(spark_download, tmp_path: Path):
 
 
 def test_bench_gpu_sharing_cpu_dry_check(tmp_path: Path):
-    """The first chunk alone and beside the LLM decoding in a child process (its steps per second both ways)."""
-    args = ("--device", "cpu", "--preset", "tiny", "--reps", "3", "--arms", "alone,llm")
+    """The first chunk alone and beside the LLM decoding in a child process (its steps per second both ways), on
+    cuDNN's convolutions (the A/B's other side)."""
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "3", "--arms", "alone,llm", "--convs", "cudnn")
     result = run_json("bench_gpu_sharing.py", *args, "--out", str(tmp_path / "share.json"), scratch=tmp_path)
 
-    assert result["preset"] == "tiny" and set(result["arms"]) == {"alone", "llm"}
+    assert (
+        result["preset"] == "tiny" and result["convs"] == "cudnn" and set(result["arms"]) == {"alone", "llm"}
+    )
     for arm in result["arms"].values():
         assert_positive(arm, "first_chunk_ms_min", "first_chunk_ms_median", "first_chunk_ms_p90")
         assert arm["first_chunk_ms_min"] <= arm["first_chunk_ms_median"] <= arm["first_chunk_ms_p90"], arm

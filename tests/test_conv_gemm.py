@@ -69,12 +69,13 @@ def test_a_packed_pointwise_convolution_gives_the_convolution():
         torch.testing.assert_close(conv(x), want, atol=PACKED_BOUND, rtol=0)
 
 
-def test_packing_keeps_the_checkpoint_layout_and_unpacks(tmp_path: Path):
+def test_loading_packs_keeps_the_checkpoint_layout_and_unpacks(tmp_path: Path):
     write_flow(tmp_path, "tiny", seed=0)
     flow = load_flow(tmp_path)
     keys = set(flow.state_dict())
-    packed = pack_convs(flow)
+    packed = unpack_convs(flow)
     assert packed > 0 and set(flow.state_dict()) == keys
+    assert pack_convs(flow) == packed and set(flow.state_dict()) == keys
     flow.load_state_dict(copy.deepcopy(flow.state_dict()), strict=True)
     assert flow.to(torch.float64).decoder.estimator.final_proj.packed_weight.dtype == torch.float64
     assert unpack_convs(flow) == packed and unpack_convs(flow) == 0
@@ -115,6 +116,7 @@ def test_the_dit_keeps_its_velocity_and_caches_packed(tmp_path: Path):
             v2, cache2 = dit(*second, cache=cache, padding=padding)
         return [velocity, v1, cache.cnn, cache.att, v2, cache2.cnn]
 
+    assert unpack_convs(dit) == 2 * dit.config.depth  # loading packed them
     want = run()
     assert pack_convs(dit) == 2 * dit.config.depth
     for got, expected in zip(run(), want, strict=True):

@@ -15,6 +15,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from tritontts.checkpoint import build_and_load
+from tritontts.conv_gemm import pack_convs
 from tritontts.cosyvoice2.config import load_cosyvoice2_config
 from tritontts.cosyvoice2.flow import FLOW_FILE, Flow, load_flow
 from tritontts.cosyvoice3.config import load_cosyvoice3_config
@@ -105,6 +106,7 @@ def _gemms(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int]:
 def test_the_cosyvoice2_estimator_keeps_its_velocity_with_two_gemms_fewer_per_block(tmp_path):
     fused_flow, build = _cosyvoice2(tmp_path)
     plain_flow = build_and_load(build, tmp_path / FLOW_FILE, "cpu", lambda f: f.decoder.reset_noise()).eval()
+    pack_convs(plain_flow)  # as loading does: the two differ in q/k/v alone
     fused, plain = fused_flow.decoder.estimator, plain_flow.decoder.estimator
     inputs = estimator_inputs(fused.config.out_channels)
     for streaming in (False, True):

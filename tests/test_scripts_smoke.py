@@ -182,10 +182,10 @@ def run_graph_bench_dry_check(script: Path, tmp_path: Path, *extra: str) -> dict
 
 def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
     """Eager against the graphed decoder's padded calls (no capture on CPU), a synthetic tiny checkpoint, on the
-    unfused q/k/v projections (the path before tritontts.qkv) and packed convolutions (tritontts.conv_gemm), the
-    other sides of the A/Bs of a GPU session."""
-    result = run_graph_bench_dry_check(DIT_BENCH, tmp_path, "--qkv", "unfused", "--convs", "packed")
-    assert result["qkv"] == "unfused" and result["convs"] == "packed"
+    unfused q/k/v projections (the path before tritontts.qkv) and cuDNN's convolutions (before tritontts.conv_gemm),
+    the other sides of the A/Bs of a GPU session."""
+    result = run_graph_bench_dry_check(DIT_BENCH, tmp_path, "--qkv", "unfused", "--convs", "cudnn")
+    assert result["qkv"] == "unfused" and result["convs"] == "cudnn"
     for name in ("first_chunk", "later_chunk"):
         case = result["cases"][name]
         assert case["cache_att_max_abs_diff"] < 1e-3 and case["cache_cnn_max_abs_diff"] < 1e-3, (name, case)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tritontts.checkpoint import build_and_load
+from tritontts.conv_gemm import pack_convs
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
 from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
 from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
@@ -185,11 +186,13 @@ def load_dit_flow(
     config: DiTFlowConfig | None = None,
 ) -> DiTFlow:
     """`flow.yaml` and `flow.pt` from a token2wav directory, loaded strictly, the attentions' q/k/v projections
-    fused (tritontts.qkv); eval mode, in `dtype`."""
+    fused (tritontts.qkv), its convolutions packed as GEMMs (tritontts.conv_gemm); eval mode, in `dtype`."""
     model_dir = Path(model_dir)
     config = config or load_dit_flow_config(model_dir)
     flow = build_and_load(
         lambda: DiTFlow(config), model_dir / FLOW_FILE, device, lambda f: f.decoder.reset_noise()
     )
     fuse_qkv(flow)
-    return flow.to(dtype=dtype).eval()
+    flow = flow.to(dtype=dtype).eval()
+    pack_convs(flow)
+    return flow

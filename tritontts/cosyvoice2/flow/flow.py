@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tritontts.checkpoint import build_and_load
+from tritontts.conv_gemm import pack_convs
 from tritontts.cosyvoice2.config import CosyVoice2Config, FlowConfig, load_cosyvoice2_config
 from tritontts.cosyvoice2.flow.cfm import CausalCFM
 from tritontts.cosyvoice2.flow.encoder import UpsampleConformerEncoder
@@ -212,10 +213,13 @@ def load_flow_module(
     build: Callable[[], nn.Module], weights: Path, device: str | torch.device, dtype: torch.dtype
 ) -> Any:
     """`build()` with `weights` loaded strictly (the decoder's fixed noise drawn), its attentions' q/k/v
-    projections fused (tritontts.qkv), in `dtype`, in eval mode."""
+    projections fused (tritontts.qkv), in `dtype`, its convolutions packed as GEMMs (tritontts.conv_gemm), in
+    eval mode."""
     flow = build_and_load(build, weights, device, lambda f: f.decoder.reset_noise())
     fuse_qkv(flow)
-    return flow.to(dtype=dtype).eval()
+    flow = flow.to(dtype=dtype).eval()
+    pack_convs(flow)
+    return flow
 
 
 def load_flow(
