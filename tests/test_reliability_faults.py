@@ -20,12 +20,14 @@ import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
-from conftest import PROMPT_ZH, TRITON_MODELS_DIR
+from conftest import PROMPT_ZH, TRITON_MODELS_DIR, build_repository, start_with_server_threads
 from cosyvoice2_models import build_cosyvoice2_models
+from leftover_stubs import kill_leftover_stubs
 from reliability_models import (
     COSY_MODELS,
     COSY_STREAM,
@@ -52,25 +54,86 @@ from waiting import scaled, wait_until
 from tritontts.triton.server import ServerConfig, TritonServer, free_ports, is_ready, is_tritonserver
 from tritontts.triton.stubs import current_stubs, free_shm_region, list_stubs, mapped_by
 
-TRITON_MODELS = [build_reliability_models, build_cosyvoice2_models, build_reliability_cosyvoice2_models]
+MODEL_BUILDERS = [build_reliability_models, build_cosyvoice2_models, build_reliability_cosyvoice2_models]
 pytestmark = pytest.mark.reliability
+LOCK_ABORT = "boost::interprocess::lock_exception"
 SILENCE_S = 180  # a stream that sends nothing for this long counts as hung (a shared, loaded CI machine)
 NEXT_REQUESTS = int(knob("next_requests", 6))  # scripts/soak.py: 20
 
 
+class FaultServer:
+    """This module's own tritonserver with the Spark-TTS and CosyVoice2 reliability models, warmed up, and a
+    watchdog beside it. A stub killed while it holds its pool's lock can abort tritonserver 2.51 itself (SIGABRT,
+    `boost::interprocess::lock_exception`; docs/reliability.md): that must not take the session's server, which
+    every later module uses, with it; `restart` starts a fresh one after it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.repo, self.starts = root, root / "model_repo", 0
+        build_repository(MODEL_BUILDERS, self.repo, root / "data")
+        self.server, self.watchdog = self._start()
+
+    def _start(self) -> tuple[TritonServer, WatchdogProcess]:
+        self.starts += 1
+        log = self.root / f"tritonserver_{self.starts}.log"
+        config = ServerConfig(
+            self.repo, *free_ports(3), log_file=log, model_control_mode="explicit", exit_timeout_s=5
+        )
+        server = TritonServer(config)
+        start_with_server_threads(server)
+        server.wait_ready(timeout=scaled(120))
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
+        for model in (*SPARK_MODELS, *COSY_MODELS):
+            client.load_model(model)
+        client.close()
+        arrays = spark_arrays(reference_clip(PROMPT_ZH))
+        for entry in (SPARK_STREAM, COSY_STREAM):  # first requests warm every model up
+            assert read_outcome(Stream(server.grpc_url, entry, arrays, ["waveform"]), 600)[0] == "ok"
+        return server, WatchdogProcess(server, self.root / f"events_{self.starts}.jsonl")
+
+    @property
+    def grpc_url(self) -> str:
+        return self.server.grpc_url
+
+    def aborted_on_a_lock(self) -> bool:
+        log = self.server.config.log_file
+        return self.server.process.poll() is not None and LOCK_ABORT in log.read_text(errors="replace")
+
+    def restart(self) -> None:
+        self.stop()
+        self.server, self.watchdog = self._start()
+
+    def stop(self) -> None:
+        # the old instances 2.51 kept hold their stubs and pools until the server exits, and leaves the pools
+        # then: the watchdog, which outlives it, removes them (and so does this module at exit)
+        _KEPT_REGIONS.extend(s.shm_region for s in list_stubs(self.server.pid))
+        self.server.stop(grace_s=15)
+        try:
+            self.watchdog.process.wait(timeout=30)  # its last sweep once the server is gone
+        except subprocess.TimeoutExpired:
+            self.watchdog.stop()
+        kill_leftover_stubs(self.repo)
+
+
 @pytest.fixture(scope="module")
-def server(triton, tmp_path_factory):
-    triton.kept.update(SPARK_MODELS + COSY_MODELS)
-    triton.load(*SPARK_MODELS, *COSY_MODELS)
-    arrays = spark_arrays(reference_clip(PROMPT_ZH))
-    for entry in (SPARK_STREAM, COSY_STREAM):  # first requests warm every model up
-        assert read_outcome(Stream(triton.grpc_url, entry, arrays, ["waveform"]), 600)[0] == "ok"
-    watchdog = WatchdogProcess(triton.server, tmp_path_factory.mktemp("watchdog") / "events.jsonl")
-    yield triton, watchdog
-    watchdog.stop()
-    # the old instances 2.51 kept hold their stubs and pools until the session's server exits, and leaves the
-    # pools then: removed at exit, as the watchdog of scripts/triton_server.py does
-    _KEPT_REGIONS.extend(s.shm_region for s in list_stubs(triton.server.pid))
+def server(tmp_path_factory):
+    fault_server = FaultServer(tmp_path_factory.mktemp("fault_server"))
+    yield fault_server
+    fault_server.stop()
+
+
+@contextmanager
+def a_lock_abort_fails_expectedly(server: FaultServer, victim: str):
+    """A failure after tritonserver aborted on a dead stub's pool lock (the 2.51 bug of FaultServer's docstring)
+    is recorded and marked xfail; any other failure stays a failure."""
+    try:
+        yield
+    except Exception:
+        if not server.aborted_on_a_lock():
+            raise
+        record("stub_killed", model=victim, server_aborted=LOCK_ABORT)
+        pytest.xfail(
+            f"tritonserver 2.51 aborted ({LOCK_ABORT}): {victim}'s stub died holding its pool's lock"
+        )
 
 
 reference = reference_fixture()
@@ -118,59 +181,62 @@ def _remove_kept_regions(timeout_s: float = 15.0) -> None:
 def test_a_stub_killed_under_four_streams_fails_them_cleanly_and_the_model_comes_back(
     server, reference, entry, victim
 ):
-    triton, watchdog = server
+    if server.server.process.poll() is not None:
+        server.restart()  # an earlier case's kill aborted it
+    triton, watchdog = server, server.watchdog
     done = len(watchdog.actions())
     arrays = spark_arrays(reference)
     streams = [Stream(triton.grpc_url, entry, arrays, ["waveform"]) for _ in range(4)]
     first = streams[0].read(limit=1, timeout=SILENCE_S)  # the first stream is mid-way
     assert first.error is None, first.error
-    region = Path("/dev/shm") / kill_stub(triton.server, victim).shm_region
-    killed = time.monotonic()
-    outcomes = [read_outcome(s, SILENCE_S) for s in streams]
-    ended_s = [round(s.result.finished - killed, 2) for s in streams]
-    assert not [o for o in outcomes if o[0] == "hang"], outcomes
-    errors = [message for kind, message in outcomes if kind == "error"]
-    assert errors, f"killing {victim} under four streams failed none of them: {outcomes}"
-    assert all("not healthy" in e for e in errors), errors
+    with a_lock_abort_fails_expectedly(server, victim):
+        region = Path("/dev/shm") / kill_stub(triton.server, victim).shm_region
+        killed = time.monotonic()
+        outcomes = [read_outcome(s, SILENCE_S) for s in streams]
+        ended_s = [round(s.result.finished - killed, 2) for s in streams]
+        assert not [o for o in outcomes if o[0] == "hang"], outcomes
+        errors = [message for kind, message in outcomes if kind == "error"]
+        assert errors, f"killing {victim} under four streams failed none of them: {outcomes}"
+        assert all("not healthy" in e for e in errors), errors
 
-    actions = watchdog.wait_for_model(victim, done)
-    recovered_s = round(time.monotonic() - killed, 1)
-    assert actions and all(a["action"] == "reload" and a["ok"] for a in actions), actions
-    watchdog.wait_quiet()  # a BLS that waited on the victim exited too (CalleeMonitor): reloaded as well
+        actions = watchdog.wait_for_model(victim, done)
+        recovered_s = round(time.monotonic() - killed, 1)
+        assert actions and all(a["action"] == "reload" and a["ok"] for a in actions), actions
+        watchdog.wait_quiet()  # a BLS that waited on the victim exited too (CalleeMonitor): reloaded as well
 
-    def one(_):
-        return read_outcome(Stream(triton.grpc_url, entry, arrays, ["waveform"]), SILENCE_S)
+        def one(_):
+            return read_outcome(Stream(triton.grpc_url, entry, arrays, ["waveform"]), SILENCE_S)
 
-    with ThreadPoolExecutor(2) as pool:
-        after = list(pool.map(one, range(NEXT_REQUESTS)))
-    # 2.51 keeps the dead stub's pool mapped while the requests it held are unanswered (the server's own
-    # mapping; the watchdog removes the file once the server exits, see the next test); nothing else maps it
-    mappers = wait_unmapped(region, triton.server.pid)
-    kept = region.exists()
-    record(
-        "stub_killed",
-        model=victim,
-        streams=len(streams),
-        failed=len(errors),
-        completed=sum(o[0] == "ok" for o in outcomes),
-        hung=0,
-        stream_end_after_kill_s=ended_s,
-        reloaded_after_s=recovered_s,
-        models_reloaded=sorted({a["model"] for a in json_lines(watchdog.actions()[done:])}),
-        next_requests=len(after),
-        next_ok=sum(o[0] == "ok" for o in after),
-        pool_kept_until_server_exit=kept,
-        pool_mib=round(region.stat().st_blocks * 512 / 2**20, 1) if kept else 0,
-    )
-    assert [o for o in after if o[0] != "ok"] == [], after
-    assert set(mappers) <= {triton.server.pid}, f"{region} is mapped by {mappers}"
-    if kept:
-        _KEPT_REGIONS.append(region.name)
-        wait_until(  # the watchdog's log names the pool it will remove once the server has exited
-            watchdog.log_path.read_text,
-            lambda text: region.name in text,
-            f"the watchdog's log to name the dead stub's pool {region.name} (it lost track of it)",
+        with ThreadPoolExecutor(2) as pool:
+            after = list(pool.map(one, range(NEXT_REQUESTS)))
+        # 2.51 keeps the dead stub's pool mapped while the requests it held are unanswered (the server's own
+        # mapping; the watchdog removes the file once the server exits, see the next test); nothing else maps it
+        mappers = wait_unmapped(region, triton.server.pid)
+        kept = region.exists()
+        record(
+            "stub_killed",
+            model=victim,
+            streams=len(streams),
+            failed=len(errors),
+            completed=sum(o[0] == "ok" for o in outcomes),
+            hung=0,
+            stream_end_after_kill_s=ended_s,
+            reloaded_after_s=recovered_s,
+            models_reloaded=sorted({a["model"] for a in json_lines(watchdog.actions()[done:])}),
+            next_requests=len(after),
+            next_ok=sum(o[0] == "ok" for o in after),
+            pool_kept_until_server_exit=kept,
+            pool_mib=round(region.stat().st_blocks * 512 / 2**20, 1) if kept else 0,
         )
+        assert [o for o in after if o[0] != "ok"] == [], after
+        assert set(mappers) <= {triton.server.pid}, f"{region} is mapped by {mappers}"
+        if kept:
+            _KEPT_REGIONS.append(region.name)
+            wait_until(  # the watchdog's log names the pool it will remove once the server has exited
+                watchdog.log_path.read_text,
+                lambda text: region.name in text,
+                f"the watchdog's log to name the dead stub's pool {region.name} (it lost track of it)",
+            )
 
 
 def test_the_watchdog_removes_a_dead_stubs_pool_once_the_server_has_exited(tmp_path, reference):
