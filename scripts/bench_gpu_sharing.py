@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 from tritontts.bench.offline_timing import device_name, synchronize
+from tritontts.bench.stats import percentile
 
 ARM_ENVIRONMENTS = {
     "alone": None,
@@ -146,11 +146,10 @@ def time_calls(call, reps: int) -> dict:
         start = time.perf_counter()
         call()
         ms.append(1e3 * (time.perf_counter() - start))
-    ms.sort()
     return {
-        "first_chunk_ms_median": round(statistics.median(ms), 2),
-        "first_chunk_ms_p90": round(ms[int(0.9 * (len(ms) - 1))], 2),
-        "first_chunk_ms_min": round(ms[0], 2),
+        "first_chunk_ms_median": round(percentile(ms, 50), 2),
+        "first_chunk_ms_p90": round(percentile(ms, 90), 2),
+        "first_chunk_ms_min": round(min(ms), 2),
     }
 
 
