@@ -172,22 +172,13 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     root = tmp_path_factory.mktemp("triton")
     repo = root / "model_repo"
     build_repository(_module_entries(request.session.items), repo, root / "data")
-    http_port, grpc_port, metrics_port = free_ports(3)
-    config = ServerConfig(
-        model_repo=repo,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        log_file=root / "tritonserver.log",
-        model_control_mode="explicit",
-        exit_timeout_s=5,
+    server = start_explicit_server(
+        repo,
+        root / "tritonserver.log",
         # as deploy/k8s serves: the first-response histogram (tritonserver 2.52 on; 2.51 ignores the key)
         extra_args=("--metrics-config=histogram_latencies=true",),
     )
-    server = TritonServer(config)
-    start_with_server_threads(server)
     try:
-        server.wait_ready(timeout=scaled(120))
         running = RunningTriton(server=server, repo=repo)
         _SESSION_SERVERS.append(running)
         yield running
@@ -195,6 +186,30 @@ def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         _SESSION_SERVERS.clear()
         server.stop(grace_s=15)
         kill_leftover_stubs(repo)
+
+
+def start_explicit_server(repo: Path, log_file: Path, extra_args: tuple[str, ...] = ()) -> TritonServer:
+    """A tritonserver over `repo` on free ports, explicit model control and a 5 s exit timeout, started with
+    the test servers' threads and arenas (start_with_server_threads); returns once it is ready."""
+    http_port, grpc_port, metrics_port = free_ports(3)
+    config = ServerConfig(
+        model_repo=repo,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        log_file=log_file,
+        model_control_mode="explicit",
+        exit_timeout_s=5,
+        extra_args=extra_args,
+    )
+    server = TritonServer(config)
+    start_with_server_threads(server)
+    try:
+        server.wait_ready(timeout=scaled(120))
+    except BaseException:
+        server.stop(grace_s=15)
+        raise
+    return server
 
 
 def start_with_server_threads(server: TritonServer) -> None:

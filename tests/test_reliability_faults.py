@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
-from conftest import PROMPT_ZH, TRITON_MODELS_DIR, build_repository, start_with_server_threads
+from conftest import PROMPT_ZH, TRITON_MODELS_DIR, build_repository, start_explicit_server
 from cosyvoice2_models import build_cosyvoice2_models
 from leftover_stubs import kill_leftover_stubs
 from reliability_models import (
@@ -65,7 +65,7 @@ class FaultServer:
     """This module's own tritonserver with the Spark-TTS and CosyVoice2 reliability models, warmed up, and a
     watchdog beside it. A stub killed while it holds its pool's lock can abort tritonserver 2.51 itself (SIGABRT,
     `boost::interprocess::lock_exception`; docs/reliability.md): that must not take the session's server, which
-    every later module uses, with it; `restart` starts a fresh one after it."""
+    every later module uses, with it; `restart_if_aborted` starts a fresh one after it."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.repo, self.starts = root, root / "model_repo", 0
@@ -74,13 +74,7 @@ class FaultServer:
 
     def _start(self) -> tuple[TritonServer, WatchdogProcess]:
         self.starts += 1
-        log = self.root / f"tritonserver_{self.starts}.log"
-        config = ServerConfig(
-            self.repo, *free_ports(3), log_file=log, model_control_mode="explicit", exit_timeout_s=5
-        )
-        server = TritonServer(config)
-        start_with_server_threads(server)
-        server.wait_ready(timeout=scaled(120))
+        server = start_explicit_server(self.repo, self.root / f"tritonserver_{self.starts}.log")
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
         for model in (*SPARK_MODELS, *COSY_MODELS):
             client.load_model(model)
@@ -98,9 +92,11 @@ class FaultServer:
         log = self.server.config.log_file
         return self.server.process.poll() is not None and LOCK_ABORT in log.read_text(errors="replace")
 
-    def restart(self) -> None:
-        self.stop()
-        self.server, self.watchdog = self._start()
+    def restart_if_aborted(self) -> None:
+        """A fresh server where an earlier case's kill aborted this one."""
+        if self.server.process.poll() is not None:
+            self.stop()
+            self.server, self.watchdog = self._start()
 
     def stop(self) -> None:
         # the old instances 2.51 kept hold their stubs and pools until the server exits, and leaves the pools
@@ -181,8 +177,7 @@ def _remove_kept_regions(timeout_s: float = 15.0) -> None:
 def test_a_stub_killed_under_four_streams_fails_them_cleanly_and_the_model_comes_back(
     server, reference, entry, victim
 ):
-    if server.server.process.poll() is not None:
-        server.restart()  # an earlier case's kill aborted it
+    server.restart_if_aborted()
     triton, watchdog = server, server.watchdog
     done = len(watchdog.actions())
     arrays = spark_arrays(reference)
