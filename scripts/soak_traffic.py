@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from tritontts.bench.soak_load import Target, Voices, read_reference, run_load
-from tritontts.bench.soak_monitor import Monitor, gpu_name, scan_log
+from tritontts.bench.soak_monitor import UNLOAD_FAULTS, Monitor, gpu_name, scan_log
 from tritontts.bench.soak_windows import KINDS, Windows, totals_and_verdicts
 from tritontts.processes import pid_alive
 
@@ -256,7 +256,7 @@ def after_stop(args) -> int:
     """Scan the server logs from where the run left them: faults while the servers stopped (unload)."""
     result = json.loads(args.output.read_text())
     ends = {s["path"]: s.get("size") or 0 for s in result.get("server_logs", [])}
-    scans = [scan_log(log, ends.get(str(log), 0)) for log in args.server_log]
+    scans = [scan_log(log, ends.get(str(log), 0), UNLOAD_FAULTS) for log in args.server_log]
     faults = sum(sum(s["counts"].values()) for s in scans)
     result["unload"] = {"server_logs": scans, "faults": faults}
     result["verdicts"]["no_fault_at_unload"] = faults == 0 if scans else None

@@ -1,3 +1,5 @@
+import time
+
 import hift_models
 import pytest
 import torch
@@ -188,6 +190,14 @@ def test_streamed_piece_lengths_follow_the_schedule(hift):
     # 15 tokens per chunk = 30 frames, the first one less the 8 withheld frames; the tail gets the rest.
     assert frames == [22, 30, 30, 30, 140 - 22 - 90]
     assert all(p.shape[1] % SAMPLES_PER_FRAME == 0 for p in pieces)
+
+
+def test_a_stream_abandoned_without_its_finalize_call_is_dropped_after_the_idle_timeout(hift):
+    t2w = Token2Wav(LookaheadFlow(), hift, stream_idle_timeout_s=0.5)
+    t2w.stream("abandoned", _targets()[:, :18], *_prompt(), 0, False)
+    assert t2w.open_streams == ["abandoned"]
+    time.sleep(1.0)
+    assert t2w.open_streams == []
 
 
 def test_stream_state_opens_closes_and_is_reproducible(hift):

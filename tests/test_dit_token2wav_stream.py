@@ -7,6 +7,7 @@ passed again at the start of the next chunk), the finalize call passes tokens[of
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -140,10 +141,24 @@ def test_finalize_and_cancel_free_the_state(t2w: DiTToken2Wav, speaker: DiTSpeak
     assert t2w.open_streams == []
 
 
+def test_a_stream_abandoned_without_its_finalize_call_is_dropped_after_the_idle_timeout(
+    t2w: DiTToken2Wav, speaker: DiTSpeaker
+) -> None:
+    """A cancelled request never sends its finalize call; its flow caches (0.4 GB on a full-size checkpoint)
+    must not stay for ever: an H200 soak with cancelled streams filled the GPU in 10 minutes."""
+    quick = DiTToken2Wav(t2w.flow, t2w.hift, stream_idle_timeout_s=0.5)
+    quick.stream("abandoned", speaker, _targets(30)[:18], finalize=False)
+    assert quick.open_streams == ["abandoned"]
+    time.sleep(1.0)
+    assert quick.open_streams == []
+
+
 def test_stream_cache_stays_bounded(t2w: DiTToken2Wav, speaker: DiTSpeaker) -> None:
     tokens = _targets(120)
     t2w.stream("long", speaker, tokens[:63], finalize=False)
-    assert t2w._streams["long"].flow_cache.estimator.frames == speaker.prompt_frames + ESTIMATOR_CACHE_TAIL
+    assert (
+        t2w._streams.get("long").flow_cache.estimator.frames == speaker.prompt_frames + ESTIMATOR_CACHE_TAIL
+    )
     t2w.cancel("long")
 
 

@@ -19,7 +19,7 @@ from openai_api_process import api_process, zh_voices
 from spark_models import SPARK_SERVING, build_spark_models
 
 from tritontts.bench.soak_load import Target, Voices, body
-from tritontts.bench.soak_monitor import Monitor, gpu_memory, scan_log
+from tritontts.bench.soak_monitor import UNLOAD_FAULTS, Monitor, gpu_memory, scan_log
 from tritontts.bench.soak_windows import KINDS, Record, Windows, flat, totals_and_verdicts
 from tritontts.bench.stats import percentile
 from tritontts.triton.server import free_ports
@@ -140,6 +140,18 @@ def test_scan_log_counts_stub_faults_from_an_offset(tmp_path: Path):
     later = scan_log(log, len(early))
     assert later["counts"]["stub_not_healthy"] == 1 and later["from_byte"] == len(early)
     assert scan_log(tmp_path / "missing.log")["counts"]["segmentation_fault"] == 0
+
+
+def test_the_unload_scan_ignores_the_stops_own_signal_and_counts_an_expired_exit_timeout(tmp_path: Path):
+    log = tmp_path / "tritonserver.log"
+    log.write_text(
+        "Signal (15) received.\nSignal (2) received.\nSignal (6) received.\n"
+        'E1128 main.cc:535] "failed to stop server: Internal - Exit timeout expired. Exiting immediately."\n'
+        "Fatal Python error: Segmentation fault\n"
+    )
+    counts = scan_log(log, 0, UNLOAD_FAULTS)["counts"]
+    assert counts == {"stub_not_healthy": 0, "segmentation_fault": 1, "signal": 1, "exit_timeout": 1}
+    assert scan_log(log)["counts"]["signal"] == 3  # while serving, any signal stopped a server
 
 
 def test_gpu_memory_from_nvidia_smi_csv_and_none_without_it(tmp_path: Path):

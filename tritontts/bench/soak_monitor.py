@@ -27,6 +27,12 @@ FAULTS = {
     "segmentation_fault": re.compile(r"Segmentation fault"),
     "signal": re.compile(r"Signal \(\d+\) received"),
 }
+UNLOAD_FAULTS = {
+    **FAULTS,
+    # the stop's own SIGTERM or SIGINT is no fault; tritonserver exiting before every model unloaded is one
+    "signal": re.compile(r"Signal \((?!(?:2|15)\))\d+\) received"),
+    "exit_timeout": re.compile(r"Exit timeout expired"),
+}
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -101,9 +107,10 @@ def gpu_name() -> str | None:
     return ", ".join(names) or None
 
 
-def scan_log(path: Path, offset: int = 0) -> dict:
-    """Counts of FAULTS' lines in the log `path` from byte `offset`, its size now, and the first such lines."""
-    counts = dict.fromkeys(FAULTS, 0)
+def scan_log(path: Path, offset: int = 0, faults: dict[str, re.Pattern] = FAULTS) -> dict:
+    """Counts of `faults`' lines in the log `path` from byte `offset`, its size now, and the first such lines
+    (UNLOAD_FAULTS for the lines a stop wrote)."""
+    counts = dict.fromkeys(faults, 0)
     lines: list[str] = []
     try:
         with open(path, "rb") as log:
@@ -112,7 +119,7 @@ def scan_log(path: Path, offset: int = 0) -> dict:
     except OSError as err:
         return {"path": str(path), "error": str(err), "counts": counts, "size": None, "lines": []}
     for line in data.decode(errors="replace").splitlines():
-        for name, pattern in FAULTS.items():
+        for name, pattern in faults.items():
             if pattern.search(line):
                 counts[name] += 1
                 if len(lines) < 20:

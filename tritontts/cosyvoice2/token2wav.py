@@ -20,6 +20,7 @@ from torch import Tensor
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.stage_timer import StageTimer, mark_on_device
+from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
 
 MEL_CACHE_FRAMES = 8
 TOKEN_MEL_RATIO = 2
@@ -213,6 +214,7 @@ class Token2Wav:
         flow_dtype: torch.dtype = torch.float32,
         seed: int | None = 0,
         mel_cache_frames: int = MEL_CACHE_FRAMES,
+        stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self.flow = flow
         self.hift = hift
@@ -226,7 +228,7 @@ class Token2Wav:
             2 * self.source_cache_len, periodic=False, dtype=torch.float64
         )
         self.speech_window = self.speech_window.to(self.device)
-        self._streams: dict[str, _StreamState] = {}
+        self._streams: StreamStates[_StreamState] = StreamStates(stream_idle_timeout_s)
 
     @classmethod
     def from_model_dir(
@@ -236,6 +238,7 @@ class Token2Wav:
         dtype: torch.dtype = torch.float32,
         seed: int | None = 0,
         flow_graphs: FlowGraphConfig | None = None,
+        stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> Token2Wav:
         """`cosyvoice2.yaml`, `flow.pt` (in `dtype`) and `hift.pt` (fp32, as upstream) from a model directory.
 
@@ -252,7 +255,15 @@ class Token2Wav:
         hift = load_hift(model_dir / HIFT_FILE, HiFTConfig.from_yaml_dict(config.hift), device)
         if flow_graphs is not None:
             hift.use_cuda_graphs()
-        return cls(flow, hift, config.token_mel_ratio, device, dtype, seed)
+        return cls(
+            flow,
+            hift,
+            config.token_mel_ratio,
+            device,
+            dtype,
+            seed,
+            stream_idle_timeout_s=stream_idle_timeout_s,
+        )
 
     def _generator(self) -> torch.Generator | None:
         if self.seed is None:
@@ -377,18 +388,19 @@ class Token2Wav:
         if state.speech is not None:
             speech = fade_in_out(speech, state.speech, self.speech_window)
         if finalize:
-            self._streams.pop(stream_id, None)
+            self._streams.pop(stream_id)
             return speech
         state.mel = mel[:, :, -self.mel_cache_frames :]
         state.source = source[:, :, -self.source_cache_len :]
         state.speech = speech[:, -self.source_cache_len :]
-        self._streams[stream_id] = state
+        self._streams.put(stream_id, state)
         return speech[:, : -self.source_cache_len]
 
     def close(self, stream_id: str) -> None:
         """Drop a stream's state (a cancelled request); nothing happens for an unknown id."""
-        self._streams.pop(stream_id, None)
+        self._streams.pop(stream_id)
 
     @property
     def open_streams(self) -> list[str]:
-        return list(self._streams)
+        """The streams whose state is kept (one unused for the idle timeout is dropped)."""
+        return self._streams.ids()

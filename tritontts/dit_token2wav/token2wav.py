@@ -16,7 +16,6 @@ withholds its own last 8 frames until the next call.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, load_dit_flow
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
 from tritontts.stage_timer import StageTimer, mark_on_device
+from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
 from tritontts.voice_cache import VoiceCache, audio_key
 
 SPEECH_TOKENIZER_FILE = "speech_tokenizer_v2_25hz.onnx"
@@ -116,6 +116,7 @@ class DiTToken2Wav:
         speaker_embedder: SpeakerEmbedder | None = None,
         seed: int | None = 0,
         speaker_cache_size: int = SPEAKER_CACHE_SIZE,
+        stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self.flow = flow
         self.hift = hift
@@ -131,8 +132,7 @@ class DiTToken2Wav:
         window = torch.hamming_window(2 * self.source_cache_len, periodic=False, dtype=torch.float64)
         self.speech_window = window.to(self.device)
         self.speakers: VoiceCache[DiTSpeaker] = VoiceCache(speaker_cache_size)
-        self._streams: dict[str, _Stream] = {}
-        self._lock = threading.Lock()
+        self._streams: StreamStates[_Stream] = StreamStates(stream_idle_timeout_s)
 
     @classmethod
     def from_model_dir(
@@ -143,6 +143,7 @@ class DiTToken2Wav:
         seed: int | None = 0,
         speaker_cache_size: int = SPEAKER_CACHE_SIZE,
         flow_graphs: FlowGraphConfig | None = None,
+        stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> DiTToken2Wav:
         """The `token2wav/` folder: flow.yaml, flow.pt, hift.pt, campplus.onnx, speech_tokenizer_v2_25hz.onnx.
 
@@ -166,6 +167,7 @@ class DiTToken2Wav:
             SpeakerEmbedder(model_dir / CAMPPLUS_FILE, "cpu"),
             seed,
             speaker_cache_size,
+            stream_idle_timeout_s,
         )
 
     def _generator(self) -> torch.Generator | None:
@@ -270,15 +272,13 @@ class DiTToken2Wav:
         and "vocoder", the GPU synchronized at each mark.
         """
         ids = self._token_ids(tokens)
-        with self._lock:
-            state = self._streams.get(request_id)
+        state = self._streams.get(request_id)
         fresh = state is None
         if fresh:
             state = _Stream(speaker.cache, self._generator())
         self._check_chunk(request_id, state, ids.shape[1], finalize)
         if fresh:
-            with self._lock:
-                self._streams[request_id] = state
+            self._streams.put(request_id, state)
         flow_cache = state.flow_cache
         mel = state.mel
         if ids.shape[1] > 0:
@@ -297,20 +297,18 @@ class DiTToken2Wav:
         if finalize:
             self.cancel(request_id)
             return speech[0].cpu().numpy()
-        with self._lock:
-            if self._streams.get(request_id) is state:
-                state.flow_cache = flow_cache
-                state.mel = mel[:, :, -MEL_CACHE_FRAMES:]
-                state.source = source[:, :, -self.source_cache_len :]
-                state.speech = speech[:, -self.source_cache_len :]
+        if self._streams.holds(request_id, state):
+            state.flow_cache = flow_cache
+            state.mel = mel[:, :, -MEL_CACHE_FRAMES:]
+            state.source = source[:, :, -self.source_cache_len :]
+            state.speech = speech[:, -self.source_cache_len :]
         return speech[0, : -self.source_cache_len].cpu().numpy()
 
     def cancel(self, request_id: str) -> None:
         """Drop a request's state; nothing happens for an unknown id."""
-        with self._lock:
-            self._streams.pop(request_id, None)
+        self._streams.pop(request_id)
 
     @property
     def open_streams(self) -> list[str]:
-        with self._lock:
-            return list(self._streams)
+        """The streams whose state is kept (one unused for the idle timeout is dropped)."""
+        return self._streams.ids()

@@ -13,6 +13,7 @@ from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
 from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS, Token2WavInputs, parse_token2wav_inputs
+from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
 from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
@@ -26,7 +27,13 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         model_dir = model_param(config, "model_dir")
         device, dtype, graphs = flow_placement(config, args)
-        self.model = Token2Wav.from_model_dir(model_dir, device=device, dtype=dtype, flow_graphs=graphs)
+        self.model = Token2Wav.from_model_dir(
+            model_dir,
+            device=device,
+            dtype=dtype,
+            flow_graphs=graphs,
+            stream_idle_timeout_s=model_param(config, "stream_idle_timeout_s", float, DEFAULT_IDLE_TIMEOUT_S),
+        )
         self.stages = token2wav_stage_seconds(pb_utils, args)
         self.instances = stream_instances(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")

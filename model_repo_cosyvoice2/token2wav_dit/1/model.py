@@ -12,6 +12,7 @@ from tritontts.audio import AudioLimits
 from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
 from tritontts.stage_timer import StageTimer
+from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
 from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
@@ -34,7 +35,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         device, dtype, graphs = flow_placement(config, args, "1", batch_sizes_param=False)
         self.model = DiTToken2Wav.from_model_dir(
-            model_param(config, "model_dir"), device=device, dtype=dtype, flow_graphs=graphs
+            model_param(config, "model_dir"),
+            device=device,
+            dtype=dtype,
+            flow_graphs=graphs,
+            stream_idle_timeout_s=model_param(config, "stream_idle_timeout_s", float, DEFAULT_IDLE_TIMEOUT_S),
         )
         self.stages = token2wav_stage_seconds(pb_utils, args)
         self.instances = stream_instances(config)
