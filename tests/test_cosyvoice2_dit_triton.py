@@ -7,6 +7,9 @@ N speech tokens make N * 960 samples of 24 kHz audio, offline or streamed; a str
 
 from __future__ import annotations
 
+import re
+import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,13 +18,14 @@ import tritonclient.grpc as grpcclient
 from cosyvoice2_dit_models import TOKEN2WAV_DIT, build_cosyvoice2_dit_models, dit_token2wav_dir
 from cosyvoice2_models import (
     CHUNK_STRATEGY,
+    MAX_NEW_TOKENS,
     PRE_LOOKAHEAD_LEN,
     PREFIX,
     TOKEN_HOP_LEN,
     build_cosyvoice2_models,
 )
 from tolerance import max_error, server_threads, within
-from triton_stream import make_inputs, stream_waveforms
+from triton_stream import Stream, make_inputs, stream_waveforms
 from tritonclient.utils import InferenceServerException
 
 from tritontts.audio import load_wav
@@ -111,6 +115,56 @@ def test_four_concurrent_streams_all_succeed(server, reference):
     assert totals == [25 * SAMPLES_PER_TOKEN] * 4
 
 
+def open_dit_streams(server) -> float | None:
+    """The token2wav_dit instance's tritontts_token2wav_open_streams gauge (None before its first sample)."""
+    url = f"http://127.0.0.1:{server.server.config.metrics_port}/metrics"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.search(
+        rf'^tritontts_token2wav_open_streams{{[^}}]*model="{TOKEN2WAV_DIT}"[^}}]*}} (\S+)$', text, re.M
+    )
+    return None if found is None else float(found.group(1))
+
+
+def test_a_stream_cancelled_after_its_first_chunk_leaves_no_state_in_token2wav_dit(server, reference):
+    """The BLS ends a stream cut short with a finalize call of no tokens: an H200 soak's cancelled streams had
+    kept their flow caches (0.4 GB each) until the GPU was full. Without that call the gauge read 1 here (2 chunk
+    calls, then nothing) until the model's 60 s idle timeout (tritontts.stream_states) would free the state;
+    the wait therefore stays under it and is not scaled. The gauge is sampled every second: it is read once
+    token2wav_dit's calls have not changed for 3 s."""
+    before = dit_calls(server)
+    stream = Stream(server.grpc_url, STREAMING, request(reference), ["waveform"], tokens(MAX_NEW_TOKENS))
+    assert len(stream.read(limit=1, timeout=120).outputs) == 1
+    stream.cancel()
+    ends = time.monotonic() + 40
+    calls, unchanged_since = dit_calls(server), time.monotonic()
+    while time.monotonic() < ends:
+        time.sleep(0.5)
+        if (now := dit_calls(server)) != calls:
+            calls, unchanged_since = now, time.monotonic()
+        elif time.monotonic() - unchanged_since >= 3 and open_dit_streams(server) == 0:
+            break
+    left = open_dit_streams(server)
+    assert calls - before >= 2 and left == 0, (
+        f"{calls - before} token2wav_dit calls; it keeps {left} stream(s)"
+    )
+    assert stream_total(server, reference, 25) == 25 * SAMPLES_PER_TOKEN  # and keeps serving
+
+
+def dit_calls(server) -> int:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        stats = client.get_inference_statistics(TOKEN2WAV_DIT, as_json=True)["model_stats"][0]
+        return int(stats.get("inference_count", 0))
+    finally:
+        client.close()
+
+
+def stream_total(server, wav: np.ndarray, count: int) -> int:
+    return sum(c.size for c in stream(server, request(wav), tokens(count)))
+
+
 def test_without_reference_the_bls_names_reference_wav_and_keeps_serving(server, reference):
     with pytest.raises(InferenceServerException, match="reference_wav"):
         infer(server, OFFLINE, request(None), parameters=tokens(10))
@@ -177,6 +231,9 @@ BAD_LEAF_REQUESTS = {
         "reference_wav_len",
     ),
     "NaN audio": (lambda v: v | {"reference_wav": np.full((1, 16000), np.nan, np.float32)}, "reference_wav"),
+    # a stream's finalize call may carry no tokens (its end, as the BLS sends for a cancelled stream); an
+    # utterance may not
+    "no tokens": (lambda v: v | {"target_speech_tokens": np.zeros((1, 0), np.int32)}, "target_speech_tokens"),
 }
 
 

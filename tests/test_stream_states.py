@@ -67,3 +67,14 @@ def test_a_state_kept_after_a_call_counts_as_used():
 def test_the_idle_timeout_must_be_positive(timeout):
     with pytest.raises(ValueError, match="idle_timeout_s must be > 0"):
         StreamStates(timeout)
+
+
+def test_a_deep_copy_keeps_the_states_with_a_lock_of_its_own():
+    import copy
+
+    states: StreamStates[list] = StreamStates(60.0, Clock())
+    states.put("a", [1])
+    copied = copy.deepcopy(states)
+    assert copied.get("a") == [1] and copied.get("a") is not states.get("a")
+    copied.pop("a")
+    assert states.ids() == ["a"] and copied.ids() == []

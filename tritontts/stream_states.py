@@ -75,3 +75,13 @@ class StreamStates(Generic[S]):
         with self._lock:
             self._expire(now)
             return list(self._states)
+
+    def __getstate__(self) -> dict:
+        """Copies (copy.deepcopy of a model) get a lock of their own."""
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()

@@ -72,6 +72,8 @@ GenerateChat = Callable[[str, str, np.ndarray, SamplingParams, bool], Iterator[n
 Complete = Callable[[list[int], SamplingParams], Iterator[int]]
 Token2WavCall = Callable[[np.ndarray, Voice, "int | None", "bool | None", str], np.ndarray]
 FirstChunkStages = Callable[[dict[str, float]], None]
+EndStream = Callable[[Voice, int, str], None]
+"""Ends a token2wav stream cut short after its first chunk (voice, token offset, request id): frees its state."""
 FIRST_CHUNK_STAGES = ("frontend", "llm_first_token", "llm_chunk_tokens", "token2wav")
 """A stream's first chunk: the voice (front-end models, or the voice cache), the LLM until its first token, the LLM
 until the chunk's tokens (hop + look-ahead) exist, and token2wav on them."""
@@ -106,8 +108,10 @@ class CosyVoice2Service:
         prompt_mel: MatchaMelConfig = PROMPT_MEL,
         voice_store: SharedVoiceStore[Voice] | None = None,
         complete: Complete | None = None,
+        end_stream: EndStream | None = None,
     ) -> None:
         self.prompter = prompter
+        self.end_stream = end_stream
         self.complete = complete
         self.tokenize = tokenize
         self.embed = embed
@@ -276,6 +280,7 @@ class CosyVoice2Service:
         started = time.monotonic()
         tokens: list[int] = []
         offset, index, hop = 0, 0, self.schedule.token_hop_len
+        next_offset: int | None = None  # token2wav holds this stream's state; its next call's token offset
         try:
             for piece in speech:
                 if index == 0 and "llm_first_token" not in timer.stages:
@@ -287,6 +292,7 @@ class CosyVoice2Service:
                     if index == 0:
                         timer.mark("llm_chunk_tokens")
                     audio = self.token2wav(chunk, voice, offset, False, request_id)
+                    next_offset = offset + hop
                     if index == 0 and on_first_chunk is not None:
                         timer.mark("token2wav")
                         on_first_chunk(timer.stages)
@@ -294,6 +300,10 @@ class CosyVoice2Service:
                     offset += hop
                     hop = self.schedule.next_hop(index, offset, len(tokens), time.monotonic() - started)
                     index += 1
+        except BaseException:  # a cancelled stream (GeneratorExit) or an error: no finalize call follows
+            if next_offset is not None and self.end_stream is not None:
+                self.end_stream(voice, next_offset, request_id)
+            raise
         finally:
             close = getattr(source, "close", None)
             if close is not None:

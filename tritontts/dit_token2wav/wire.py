@@ -53,7 +53,14 @@ def parse_dit_token2wav_inputs(
     for name in ("target_speech_tokens", REFERENCE_WAV, REFERENCE_WAV_LEN):
         if arrays.get(name) is None:
             raise RequestError(name, "is required")
-    tokens = speech_ids(arrays["target_speech_tokens"], "target_speech_tokens").numpy().reshape(-1)
+    finalize = arrays.get("finalize")
+    finalize = None if finalize is None else bool(finalize.reshape(-1)[0])
+    if (
+        finalize and arrays["target_speech_tokens"].size == 0
+    ):  # a stream's last call with no tokens left: its end
+        tokens = np.zeros(0, dtype=np.int32)
+    else:
+        tokens = speech_ids(arrays["target_speech_tokens"], "target_speech_tokens").numpy().reshape(-1)
     wav, length = arrays[REFERENCE_WAV], arrays[REFERENCE_WAV_LEN].reshape(-1)
     if wav.ndim != 2 or wav.shape[0] != 1:
         raise RequestError(REFERENCE_WAV, f"must hold one audio per request, got shape {tuple(wav.shape)}")
@@ -67,5 +74,4 @@ def parse_dit_token2wav_inputs(
         )
     except AudioError as err:
         raise RequestError(REFERENCE_WAV, str(err).removeprefix(f"{REFERENCE_WAV} ")) from err
-    finalize = arrays.get("finalize")
-    return DiTToken2WavInputs(tokens, reference, None if finalize is None else bool(finalize.reshape(-1)[0]))
+    return DiTToken2WavInputs(tokens, reference, finalize)

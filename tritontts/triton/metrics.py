@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -131,3 +132,40 @@ class EngineGauges:
         self._stop.set()
         self._thread.join()
         self.running = self.waiting = self.family = None
+
+
+class OpenStreamsGauge:
+    """`tritontts_token2wav_open_streams{model, instance}`: the streams whose state a token2wav instance keeps,
+    sampled every `interval_s` on a daemon thread (`open_streams()` also drops the states gone quiet past their
+    idle timeout, tritontts.stream_states, so they go even when no call comes). After every client has gone and
+    every stream ended, it reads 0; a value that keeps growing is streams that were never ended."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        args: dict[str, Any],
+        open_streams: Callable[[], list[str]],
+        interval_s: float = 1.0,
+    ) -> None:
+        self.family = pb_utils.MetricFamily(
+            name="tritontts_token2wav_open_streams",
+            description="streams whose state a token2wav instance keeps until their finalize call",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.gauge = self.family.Metric(
+            labels={"model": args["model_name"], "instance": args["model_instance_name"]}
+        )
+        self.open_streams = open_streams
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="open-streams", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.gauge.set(len(self.open_streams()))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.gauge = self.family = None

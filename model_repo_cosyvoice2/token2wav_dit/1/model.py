@@ -15,7 +15,7 @@ from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
 from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
+from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import (
     RequestError,
     error_response,
@@ -42,6 +42,7 @@ class TritonPythonModel:
             stream_idle_timeout_s=model_param(config, "stream_idle_timeout_s", float, DEFAULT_IDLE_TIMEOUT_S),
         )
         self.stages = token2wav_stage_seconds(pb_utils, args)
+        self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)
         self.instances = stream_instances(config)
         self.limits = AudioLimits(
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
@@ -79,5 +80,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        release_metrics(self.stages)
+        release_metrics(self.stages, self.open_streams)
         end_stub_process()
