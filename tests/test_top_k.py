@@ -73,8 +73,8 @@ def test_bad_arguments_are_refused(module):
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(max_tokens=10, temperature=0.9, top_k=40, top_p=0.9, seed=11),
-        SamplingParams(max_tokens=10, temperature=0),
+        SamplingParams(max_tokens=4, temperature=0.9, top_k=40, top_p=0.9, seed=11),
+        SamplingParams(max_tokens=4, temperature=0),
     ],
     ids=["sampled", "greedy"],
 )
@@ -90,4 +90,4 @@ def test_engine_tokens_equal_the_torch_path(module, monkeypatch, params):
         )
         tokens[path] = engine.generate([[5, 17, 912, 33, 4, 250, 251, 7], [8, 9]], params)
     assert tokens["triton"] == tokens["torch"]
-    assert len(calls) >= 9  # every decode step
+    assert len(calls) >= 3  # every decode step (each takes seconds in the interpreter: 4 tokens, not more)
