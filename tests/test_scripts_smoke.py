@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -120,12 +121,28 @@ def test_the_run_named_for_a_script_exists_and_names_it(script: str, where: str)
     assert script in text, f"{path} does not name {script}"
 
 
-@pytest.mark.parametrize("program", [*SCRIPTS, *ENTRY_POINTS], ids=[s.name for s in SCRIPTS] + ENTRY_POINTS)
-def test_help(program: Path | str, tmp_path: Path):
-    done = run_script(program, "--help", scratch=tmp_path, timeout=60)
+PROGRAMS = [*SCRIPTS, *ENTRY_POINTS]
+PROGRAM_IDS = [s.name for s in SCRIPTS] + ENTRY_POINTS
+
+
+@pytest.fixture(scope="module")
+def help_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Every program's `--help`, 4 at a time (each is mostly the interpreter's imports), in a scratch of its own."""
+
+    def run(index: int) -> tuple[subprocess.CompletedProcess, Path]:
+        scratch = tmp_path_factory.mktemp(f"help{index}")
+        return run_script(PROGRAMS[index], "--help", scratch=scratch, timeout=120), scratch
+
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip(PROGRAM_IDS, pool.map(run, range(len(PROGRAMS)))))
+
+
+@pytest.mark.parametrize("name", PROGRAM_IDS)
+def test_help(name: str, help_runs):
+    done, scratch = help_runs[name]
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.lstrip().startswith("usage:"), done.stdout[:2000]
-    assert list((tmp_path / "cwd").iterdir()) == [], "--help wrote files"
+    assert list((scratch / "cwd").iterdir()) == [], "--help wrote files"
 
 
 def test_the_entry_points_are_found():
