@@ -142,3 +142,12 @@ def install_text_inbox(repo: Path) -> None:
 
 def install_template(templates: Path, template: str, repo: Path, name: str, values: str) -> Path:
     return install(template, repo, name, values, templates)
+
+
+def tiny_prompter(folder: Path):
+    """The CosyVoice2 prompt builder of a tiny synthetic LLM written under `folder`."""
+    from tritontts.cosyvoice2.prompt import CosyVoice2Prompt
+    from tritontts.synthetic.cosyvoice2_llm import qwen2lm_state_dict, write_cosyvoice2_llm
+
+    llm_dir = write_cosyvoice2_llm(folder / "cosyvoice2_llm", "tiny", qwen2lm_state_dict(), 0)
+    return CosyVoice2Prompt.from_llm_dir(Path(llm_dir))

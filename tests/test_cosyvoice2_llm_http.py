@@ -6,11 +6,11 @@ test_disaggregated.py runs the real server.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from cosyvoice2_models import tiny_prompter
 
 from tritontts.cosyvoice2.llm_http import (
     ChatEndpoint,
@@ -23,7 +23,6 @@ from tritontts.cosyvoice2.service import CosyVoice2Request, CosyVoice2Service, V
 from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
 from tritontts.llm.sequence import SamplingParams
 from tritontts.spark.service import TokenBudget
-from tritontts.synthetic.cosyvoice2_llm import qwen2lm_state_dict, write_cosyvoice2_llm
 
 URL = "http://llm.test/v1/chat/completions"
 SAMPLING = SamplingParams(
@@ -121,10 +120,7 @@ def test_closing_the_generator_closes_the_response():
 
 @pytest.fixture(scope="module")
 def prompter(tmp_path_factory) -> CosyVoice2Prompt:
-    llm_dir = write_cosyvoice2_llm(
-        tmp_path_factory.mktemp("llm") / "cosyvoice2_llm", "tiny", qwen2lm_state_dict(), 0
-    )
-    return CosyVoice2Prompt.from_llm_dir(Path(llm_dir))
+    return tiny_prompter(tmp_path_factory.mktemp("llm"))
 
 
 def test_service_uses_generate_chat_with_texts_tokens_and_budget(prompter):

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from cosyvoice2_models import tiny_prompter
 
 from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, Decoding
 from tritontts.cosyvoice2.service import CosyVoice2Request, CosyVoice2Service, Voice
-from tritontts.synthetic.cosyvoice2_llm import qwen2lm_state_dict, write_cosyvoice2_llm
 
 
 @pytest.fixture(scope="module")
 def prompter(tmp_path_factory) -> CosyVoice2Prompt:
-    llm_dir = write_cosyvoice2_llm(
-        tmp_path_factory.mktemp("llm") / "cosyvoice2_llm", "tiny", qwen2lm_state_dict(), 0
-    )
-    return CosyVoice2Prompt.from_llm_dir(Path(llm_dir))
+    return tiny_prompter(tmp_path_factory.mktemp("llm"))
 
 
 def service_logging(prompter: CosyVoice2Prompt, ended: list, calls: list, fail_at: int | None = None):
