@@ -101,44 +101,57 @@ def token2wav_stage_seconds(pb_utils: Any, args: dict[str, Any]) -> StageSeconds
     )
 
 
-class EngineGauges:
-    """`tritontts_llm_requests{model, state="running"|"waiting"}`: the requests our LLM engine holds a slot for
-    and those waiting for one, sampled every `interval_s` on a daemon thread. After every client has gone, both
-    read 0: no request is left running and no slot is held."""
+class SampledGauges:
+    """Gauges set every `interval_s` on a daemon thread by `read()`: {metric: value}; `close` stops it."""
 
-    def __init__(self, pb_utils: Any, model_name: str, engine: Any, interval_s: float = 0.5) -> None:
-        self.family = pb_utils.MetricFamily(
-            name="tritontts_llm_requests",
-            description="requests of the LLM engine: running (holding a slot) or waiting for one",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.running, self.waiting = (
-            self.family.Metric(labels={"model": model_name, "state": state})
-            for state in ("running", "waiting")
-        )
-        self.engine = engine
+    def __init__(self, family: Any, metrics: dict[str, Any], name: str, interval_s: float) -> None:
+        self.family = family
+        self.metrics = metrics
         self.interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="llm-gauges", daemon=True)
+        self._thread = threading.Thread(target=self._sample, name=name, daemon=True)
         self._thread.start()
+
+    def read(self) -> dict[str, float]:
+        raise NotImplementedError
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval_s):
-            scheduler = self.engine.scheduler
-            self.running.set(len(scheduler.running))
-            self.waiting.set(len(scheduler.waiting))
+            for key, value in self.read().items():
+                self.metrics[key].set(value)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.running = self.waiting = self.family = None
+        self.metrics = {}
+        self.family = None
 
 
-class OpenStreamsGauge:
+class EngineGauges(SampledGauges):
+    """`tritontts_llm_requests{model, state="running"|"waiting"}`: the requests our LLM engine holds a slot for
+    and those waiting for one, sampled every `interval_s`. After every client has gone, both read 0: no request
+    is left running and no slot is held."""
+
+    def __init__(self, pb_utils: Any, model_name: str, engine: Any, interval_s: float = 0.5) -> None:
+        family = pb_utils.MetricFamily(
+            name="tritontts_llm_requests",
+            description="requests of the LLM engine: running (holding a slot) or waiting for one",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        metrics = {s: family.Metric(labels={"model": model_name, "state": s}) for s in ("running", "waiting")}
+        self.engine = engine
+        super().__init__(family, metrics, "llm-gauges", interval_s)
+
+    def read(self) -> dict[str, float]:
+        scheduler = self.engine.scheduler
+        return {"running": len(scheduler.running), "waiting": len(scheduler.waiting)}
+
+
+class OpenStreamsGauge(SampledGauges):
     """`tritontts_token2wav_open_streams{model, instance}`: the streams whose state a token2wav instance keeps,
-    sampled every `interval_s` on a daemon thread (`open_streams()` also drops the states gone quiet past their
-    idle timeout, tritontts.stream_states, so they go even when no call comes). After every client has gone and
-    every stream ended, it reads 0; a value that keeps growing is streams that were never ended."""
+    sampled every `interval_s` (`open_streams()` also drops the states gone quiet past their idle timeout,
+    tritontts.stream_states, so they go even when no call comes). After every client has gone and every stream
+    ended, it reads 0; a value that keeps growing is streams that were never ended."""
 
     def __init__(
         self,
@@ -147,25 +160,14 @@ class OpenStreamsGauge:
         open_streams: Callable[[], list[str]],
         interval_s: float = 1.0,
     ) -> None:
-        self.family = pb_utils.MetricFamily(
+        family = pb_utils.MetricFamily(
             name="tritontts_token2wav_open_streams",
             description="streams whose state a token2wav instance keeps until their finalize call",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        self.gauge = self.family.Metric(
-            labels={"model": args["model_name"], "instance": args["model_instance_name"]}
-        )
+        labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
         self.open_streams = open_streams
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="open-streams", daemon=True)
-        self._thread.start()
+        super().__init__(family, {"open": family.Metric(labels=labels)}, "open-streams", interval_s)
 
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.gauge.set(len(self.open_streams()))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.gauge = self.family = None
+    def read(self) -> dict[str, float]:
+        return {"open": len(self.open_streams())}
