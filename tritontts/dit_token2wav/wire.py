@@ -55,9 +55,8 @@ def parse_dit_token2wav_inputs(
             raise RequestError(name, "is required")
     finalize = arrays.get("finalize")
     finalize = None if finalize is None else bool(finalize.reshape(-1)[0])
-    if (
-        finalize and arrays["target_speech_tokens"].size == 0
-    ):  # a stream's last call with no tokens left: its end
+    # a stream's last call with no tokens left ends it (the BLS's end of a stream cut short)
+    if finalize and arrays["target_speech_tokens"].size == 0:
         tokens = np.zeros(0, dtype=np.int32)
     else:
         tokens = speech_ids(arrays["target_speech_tokens"], "target_speech_tokens").numpy().reshape(-1)
