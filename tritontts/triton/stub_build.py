@@ -44,6 +44,9 @@ BOOST_DOWNLOAD = re.compile(
     r"ExternalProject_Add\(\s*boostorg\b.*?\n\)\n(set\(boostorg_INCLUDE_DIRS[^\n]*\n)?", re.S
 )
 COMMON_TESTS = re.compile(r"^add_subdirectory\(test\)$", re.M)
+STUB_LIBARCHIVE = re.compile(  # the stub's link line names libarchive, which only the backend's sources use
+    r"(target_link_libraries\(\s*triton-python-backend-stub\b[^)]*?)\n[ \t]*-larchive\b[^\n]*"
+)
 KERNEL_ARCHS = re.compile(r'(kernel_library_new PROPERTIES CUDA_ARCHITECTURES )"[^"]*"')
 RAPIDJSON_HEADER = Path("rapidjson") / "document.h"
 SYSTEM_INCLUDES = (Path("/usr/include"), Path("/usr/local/include"))
@@ -236,6 +239,14 @@ def prepare_trees(plan: StubBuild) -> None:
         "add_subdirectory(test) line",
         required=False,
     )
+    _edit(
+        plan.tree("python_backend") / "CMakeLists.txt",
+        STUB_LIBARCHIVE,
+        r"\1",
+        "-larchive on the stub's link lines",
+        required=False,
+        most=2,  # its Windows and its other link line
+    )
     # The stub never runs backend's CUDA kernels: build them for one arch every nvcc from 11 to 13 knows.
     _edit(
         plan.tree("backend") / "CMakeLists.txt",
@@ -251,11 +262,14 @@ def prepare_trees(plan: StubBuild) -> None:
         (config / "RapidJSONConfig.cmake").write_text(f'set(RAPIDJSON_INCLUDE_DIRS "{include}")\n')
 
 
-def _edit(path: Path, pattern: re.Pattern, replacement: str, what: str, required: bool = True) -> None:
+def _edit(
+    path: Path, pattern: re.Pattern, replacement: str, what: str, required: bool = True, most: int = 1
+) -> None:
     text, count = pattern.subn(replacement, path.read_text())
-    if count > 1 or (required and count == 0):
+    if count > most or (required and count == 0):
         raise StubBuildError(
-            f"{path}: expected one {what}, found {count}; a release this script does not know?"
+            f"{path}: expected {'one' if most == 1 else f'one to {most}'} {what}, found {count}; "
+            "a release this script does not know?"
         )
     path.write_text(text)
 
