@@ -8,9 +8,9 @@ arrays without the GIL; on GPUs it crashed BLS stubs under load. Build the fixed
 
 Needs cmake, a C++ compiler, git (unless --sources), the boost headers (libboost-dev), rapidjson-dev (or
 rapidjson's include folder in --sources), zlib (not libarchive: upstream's stub target links it, no stub source
-uses it, and the build drops it), this Python's
-headers and shared library, and for --gpu on a CUDA toolkit with nvcc. A toolkit other than CUDA 12 gives a stub
-that needs that toolkit's libcudart on the serving host; --gpu off needs no CUDA runtime.
+uses it, and the build drops it), this Python's headers and shared library, and for --gpu on a CUDA toolkit with
+nvcc. A toolkit other than CUDA 12 gives a stub that needs that toolkit's libcudart on the serving host; --gpu off
+needs no CUDA runtime.
 NVIDIA's tritonserver containers (Dockerfile.server) already have a fixed python backend: no build needed there.
 """
 
