@@ -2,11 +2,12 @@
 # The project's test command, from a fresh clone: makes the virtual environment when it is missing or its
 # requirement files changed (exactly as CI does: .ci/run calls this), then runs pytest in it.
 #
-#   bash scripts/test.sh                       # the whole suite: python -m pytest -q -ra
+#   bash scripts/test.sh                       # the whole suite: python -m pytest -q -ra -n 2 --dist loadfile
 #   bash scripts/test.sh tests/test_x.py -k y  # any pytest arguments instead
 #   bash scripts/test.sh --setup-only          # the environment only
 #
-# Environment: VENV (.venv), TORCH_VERSION (2.13.0; CPU build from the configured index or find-links).
+# Environment: VENV (.venv), TORCH_VERSION (2.13.0; CPU build from the configured index or find-links),
+# TEST_WORKERS (2: pytest-xdist processes for the whole suite, each with its own session tritonserver; 0 = one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,5 +44,5 @@ fi
 [ "${1:-}" != --setup-only ] || exit 0
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
-if [ $# -eq 0 ]; then set -- -q -ra --durations=25; fi
+if [ $# -eq 0 ]; then set -- -q -ra --durations=25 -n "${TEST_WORKERS:-2}" --dist loadfile; fi
 exec python -m pytest "$@"
