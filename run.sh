@@ -90,6 +90,7 @@ foreground=false                    # stage 3: stay attached to the server (cont
 server_cpu_threads=auto             # stages 3 and 7: OMP_NUM_THREADS of the servers (torch CPU threads in every python-backend stub); auto: 1 on a GPU host unless --llm_device/--model_device is cpu or OMP_NUM_THREADS is set (H200, a new CosyVoice2 voice: front end 120 -> 45 ms at c=1, 653 -> 41 ms at c=4); 0: leave it to the environment
 server_malloc_arena_max=2           # stages 3 and 7: MALLOC_ARENA_MAX of the servers (glibc malloc arenas of tritonserver and its stubs; glibc's default, 8 per core, let tritonserver's private memory creep up for 30 minutes of traffic); 0: leave it to the environment
 cuda_mps=false                      # stages 3 and 7: start NVIDIA MPS first, so the LLM and token2wav processes share the GPU at once instead of taking turns (H100: CosyVoice3 first chunk 218 -> 176 ms); run.sh stop ends it
+first_chunk_priority=false          # stage 2, CosyVoice families, torch LLM beside token2wav on one GPU: the LLM holds its decode steps while token2wav makes a stream's first chunk (at most 0.2 s, only while every stream it decodes has more audio in hand than that); docs/gpu-hosts.md#first-chunks-before-llm-steps
 mps_pipe_dir=/tmp/nvidia-mps        # CUDA_MPS_PIPE_DIRECTORY of that daemon (a short path: it holds a unix socket)
 
 # Streaming schedule (seconds) and generation
@@ -213,6 +214,8 @@ case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --
 case "$llm_decode_attention" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_attention must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$llm_decode_linear" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_linear must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$text_normalization" in true|false) ;; *) echo "run.sh: --text_normalization must be true or false" >&2; exit 2 ;; esac
+audio_tokens_per_s=25   # speech tokens per second of audio: CosyVoice 25, BiCodec's semantic tokens 50
+[ "$model" != spark_tts ] || audio_tokens_per_s=50
 if [ "$llm_output_tokens_from" = auto ]; then
   case "$model" in spark_tts) llm_output_tokens_from=0 ;; *) llm_output_tokens_from="<|s_0|>" ;; esac
 elif [ "$llm_output_tokens_from" = all ]; then
@@ -231,6 +234,7 @@ case "$use_spk2info_cache" in true|false) ;; *) echo "run.sh: --use_spk2info_cac
 case "$build_python_stub" in auto|true|false) ;; *) echo "run.sh: --build_python_stub must be auto, true or false" >&2; exit 2 ;; esac
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
+case "$first_chunk_priority" in true|false) ;; *) echo "run.sh: --first_chunk_priority must be true or false" >&2; exit 2 ;; esac
 case "$llm_compile" in auto|true|false) ;; *) echo "run.sh: --llm_compile must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$bls_instance_num" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --bls_instance_num must be auto or a positive integer" >&2; exit 2; }
 case "$gpu_layout" in servers|instances) ;; *) echo "run.sh: --gpu_layout must be servers or instances, not '$gpu_layout'" >&2; exit 2 ;; esac
@@ -377,9 +381,9 @@ write_cosyvoice2_models() {
       audio_tokenizer) fill "$repo/$name/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}" ;;
       speaker_embedding) fill "$repo/$name/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}" ;;
       token2wav) fill "$repo/$name/config.pbtxt" \
-        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}" ;;
+        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},first_chunk_priority:${first_chunk_priority}" ;;
       token2wav_dit) fill "$repo/$name/config.pbtxt" \
-        "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},max_reference_seconds:${max_reference_seconds}" ;;
+        "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},max_reference_seconds:${max_reference_seconds},first_chunk_priority:${first_chunk_priority}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
     esac
     if [ "$role" = token2wav ] && [ $((token2wav_instance_num * spanned)) -gt 1 ] && [ "$mode" = streaming ]; then
@@ -411,7 +415,7 @@ write_cosyvoice3_models() {
   fill "$repo/audio_tokenizer/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}"
   fill "$repo/speaker_embedding/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}"
   fill "$repo/token2wav/config.pbtxt" \
-    "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,}"
+    "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},first_chunk_priority:${first_chunk_priority}"
   fill "$repo/vocoder/config.pbtxt" \
     "model_dir:${abs_t2w_dir},${common},device:${model_device},instance_num:${vocoder_instance_num},max_seconds:${vocoder_max_seconds},cuda_graphs:${token2wav_cuda_graphs}"
   [ -z "$endpoint" ] || llm_model=none
@@ -626,7 +630,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     mkdir -p "$model_repo/tensorrt_llm"
     cp -r model_repo/tensorrt_llm_torch/. "$model_repo/tensorrt_llm/"
     fill "$model_repo/tensorrt_llm/config.pbtxt" \
-      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval},llm_output_tokens_from:${llm_output_tokens_from}"
+      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval},llm_output_tokens_from:${llm_output_tokens_from},first_chunk_priority:${first_chunk_priority},audio_tokens_per_s:${audio_tokens_per_s}"
   fi
   [ -z "$instance_gpus" ] || spread_over_gpus "$model_repo"
 fi

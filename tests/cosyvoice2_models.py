@@ -92,21 +92,25 @@ def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: P
         "token2wav",
         repo,
         prefix + "token2wav",
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2",
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false",
     )
     for llm, slots in LLM_SLOTS.items():
         install_llm_engine(repo, prefix + llm, llm_dir, llm == "tensorrt_llm", slots)
 
 
-def install_llm_engine(repo: Path, name: str, llm_dir: Path, decoupled: bool, slots: int) -> None:
-    """The torch LLM engine of `llm_dir` as Triton model `name` (CPU, float32)."""
+def install_llm_engine(
+    repo: Path, name: str, llm_dir: Path, decoupled: bool, slots: int, priority: bool = False
+) -> None:
+    """The torch LLM engine of `llm_dir` as Triton model `name` (CPU, float32; `priority`: its
+    first_chunk_priority)."""
     install_template(
         LLM_TEMPLATES,
         "tensorrt_llm_torch",
         repo,
         name,
         f"model_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
-        "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:<|s_0|>",
+        "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:<|s_0|>,"
+        f"first_chunk_priority:{str(priority).lower()},audio_tokens_per_s:25",
     )
 
 

@@ -89,7 +89,7 @@ def build_reliability_models(repo: Path, data: Path) -> None:
             repo,
             name,
             f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:0",
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:0,first_chunk_priority:false,audio_tokens_per_s:25",
         )
     _bls(repo, SPARK_STREAM, model_dir, True, LLM_STREAM, BLS_INSTANCES, 64)
     _bls(repo, SPARK_OFFLINE, model_dir, False, LLM_OFFLINE, BLS_INSTANCES, 64)
@@ -104,7 +104,7 @@ def build_reliability_cosyvoice2_models(repo: Path, data: Path) -> None:
         "token2wav",
         repo,
         COSY_TOKEN2WAV,
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2",
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false",
         COSY_TEMPLATES,
     )
     values = bls_values(model_dir, llm_dir, True, "tensorrt_llm", token2wav=COSY_TOKEN2WAV)

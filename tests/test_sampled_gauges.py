@@ -42,17 +42,20 @@ def values(family: MetricFamily) -> list[tuple[dict, float | None]]:
 
 def test_engine_gauges_sample_the_scheduler_until_closed():
     scheduler = types.SimpleNamespace(running=[1, 2], waiting=[3])
-    gauges = EngineGauges(PB_UTILS, "llm", types.SimpleNamespace(scheduler=scheduler), interval_s=0.01)
-    family = gauges.family
-    wait_until(lambda: values(family), lambda v: v[0][1] == 2, "the first sample")
-    assert values(family) == [
+    engine = types.SimpleNamespace(scheduler=scheduler, paused_s=0.25)
+    gauges = EngineGauges(PB_UTILS, "llm", engine, interval_s=0.01)
+    requests, held = gauges.family
+    wait_until(lambda: values(requests), lambda v: v[0][1] == 2, "the first sample")
+    assert values(requests) == [
         ({"model": "llm", "state": "running"}, 2),
         ({"model": "llm", "state": "waiting"}, 1),
     ]
+    assert (requests.name, held.name) == ("tritontts_llm_requests", "tritontts_llm_held_seconds")
+    assert values(held) == [({"model": "llm"}, 0.25)]
     release_metrics(gauges)
     scheduler.running = []
     time.sleep(0.05)
-    assert values(family)[0][1] == 2 and gauges.family is None  # no sample after close
+    assert values(requests)[0][1] == 2 and gauges.family is None  # no sample after close
 
 
 def test_open_streams_gauge_counts_what_the_model_keeps():

@@ -6,6 +6,8 @@ batching: requests join and leave between steps) and, while the device runs it, 
 previous step. The device thus runs one step ahead of the host: a request that ended at step t also ran
 step t+1, whose token is dropped (its slot is released behind that step on the same stream). `start()` runs
 steps on a background thread whenever there is work; `generate()` is a synchronous helper on top of either.
+With a `pause_check`, the background thread holds a step while it says so (never while a request waits to be
+admitted or cancelled), for another process's work on the same GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -28,10 +31,17 @@ from tritontts.llm.sequence import FinishReason, SamplingParams, Sequence, Token
 
 log = logging.getLogger(__name__)
 
+PauseCheck = Callable[[list[Sequence]], float]
+"""given the running sequences, the seconds the next step may still wait (0: step now)"""
+PAUSE_POLL_S = 0.001
+
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, pause_check: PauseCheck | None = None):
         self.runner = runner
+        self.pause_check = pause_check
+        self.paused_s = 0.0
+        """seconds the background thread held steps for `pause_check`"""
         self.vocab_size = runner.model.config.vocab_size
         self.scheduler = Scheduler(runner.max_batch_size)
         self._inbox: list[Sequence] = []
@@ -176,7 +186,10 @@ class LLMEngine:
     def _deliver(self, seqs: list[Sequence], tokens: list[int]) -> dict[Sequence, list[int]]:
         """Stream each sequence's new token; return the finished ones with their last tokens."""
         done = {}
+        now = time.monotonic()
         for seq, token in zip(seqs, tokens):
+            if seq.first_token_at is None:
+                seq.first_token_at = now
             new = seq.accept(token)
             if seq.finish_reason is not None:
                 done[seq] = new
@@ -269,6 +282,19 @@ class LLMEngine:
             self.scheduler.add(seq)
         self._fail_all(FinishReason.CANCELLED, None)
 
+    def _pause(self) -> bool:
+        """Under `_wake`, on the engine thread: waits a moment if `pause_check` asks for it and nothing is
+        waiting to be admitted or cancelled; whether it waited."""
+        if self.pause_check is None or self._inbox or self._cancels or self.scheduler.waiting:
+            return False
+        wait_s = self.pause_check(self.scheduler.running)
+        if wait_s <= 0:
+            return False
+        start = time.monotonic()
+        self._wake.wait(min(wait_s, PAUSE_POLL_S))
+        self.paused_s += time.monotonic() - start
+        return True
+
     def _serve(self) -> None:
         device = self.runner.device
         if device.type == "cuda" and device.index is not None:  # a new thread starts on GPU 0
@@ -281,6 +307,8 @@ class LLMEngine:
                     self._wake.wait()
                 if self._stopping:
                     return
+                if self._pause():
+                    continue
             try:
                 self.step()
             except Exception:

@@ -84,6 +84,8 @@ class Sequence:
     slot: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    first_token_at: float | None = None
+    """time.monotonic() when the engine streamed its first token"""
 
     @property
     def length(self) -> int:

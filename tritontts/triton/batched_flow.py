@@ -13,6 +13,7 @@ import torch
 from tritontts.cuda_graphs import FlowGraphConfig, flow_graph_config
 from tritontts.devices import resolve_flow_dtype
 from tritontts.stage_timer import StageTimer
+from tritontts.triton.first_chunk_priority import FirstChunkHolder, holding
 from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import StageSeconds
 from tritontts.triton.params import error_response, model_param
@@ -48,9 +49,11 @@ def execute_batched(
     stages: StageSeconds,
     first_chunk: Callable[[Call], bool],
     respond: Callable[[Any], Any],
+    holder: FirstChunkHolder | None = None,
 ) -> list[Any]:
     """`parse(request)` each (an exception: that request's error response), `run_many(calls, timer)` once,
-    the timer's stages labelled `chunk="first"` when every call is a stream's first, `respond(result)` each."""
+    the timer's stages labelled `chunk="first"` when every call is a stream's first, `respond(result)` each.
+    With a `holder`, the LLM on this GPU holds its steps while `run_many` makes some stream's first chunk."""
     outcomes: list[Any] = [None] * len(requests)
     calls, slots = [], []
     for i, request in enumerate(requests):
@@ -60,7 +63,9 @@ def execute_batched(
         except Exception as err:
             outcomes[i] = err
     timer = StageTimer()
-    for slot, result in zip(slots, run_many(calls, timer)):
+    with holding(holder, any(first_chunk(call) for call in calls)):
+        results = run_many(calls, timer)
+    for slot, result in zip(slots, results):
         outcomes[slot] = result
     if calls:
         first = all(first_chunk(call) for call in calls)

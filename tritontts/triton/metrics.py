@@ -130,21 +130,35 @@ class SampledGauges:
 class EngineGauges(SampledGauges):
     """`tritontts_llm_requests{model, state="running"|"waiting"}`: the requests our LLM engine holds a slot for
     and those waiting for one, sampled every `interval_s`. After every client has gone, both read 0: no request
-    is left running and no slot is held."""
+    is left running and no slot is held. `tritontts_llm_held_seconds{model}`: the seconds the engine has held its
+    steps since it loaded, for token2wav's first chunks (tritontts.triton.first_chunk_priority)."""
 
     def __init__(self, pb_utils: Any, model_name: str, engine: Any, interval_s: float = 0.5) -> None:
-        family = pb_utils.MetricFamily(
+        gauge = pb_utils.MetricFamily.GAUGE
+        requests = pb_utils.MetricFamily(
             name="tritontts_llm_requests",
             description="requests of the LLM engine: running (holding a slot) or waiting for one",
-            kind=pb_utils.MetricFamily.GAUGE,
+            kind=gauge,
         )
-        metrics = {s: family.Metric(labels={"model": model_name, "state": s}) for s in ("running", "waiting")}
+        held = pb_utils.MetricFamily(
+            name="tritontts_llm_held_seconds",
+            description="seconds the LLM engine held its steps for token2wav first chunks since it loaded",
+            kind=gauge,
+        )
+        metrics = {
+            s: requests.Metric(labels={"model": model_name, "state": s}) for s in ("running", "waiting")
+        }
+        metrics["held"] = held.Metric(labels={"model": model_name})
         self.engine = engine
-        super().__init__(family, metrics, "llm-gauges", interval_s)
+        super().__init__([requests, held], metrics, "llm-gauges", interval_s)
 
     def read(self) -> dict[str, float]:
         scheduler = self.engine.scheduler
-        return {"running": len(scheduler.running), "waiting": len(scheduler.waiting)}
+        return {
+            "running": len(scheduler.running),
+            "waiting": len(scheduler.waiting),
+            "held": self.engine.paused_s,
+        }
 
 
 class OpenStreamsGauge(SampledGauges):

@@ -18,6 +18,7 @@ from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import FinishReason
 from tritontts.llm.triton_io import parse_llm_request, response_arrays
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.first_chunk_priority import llm_pause_check
 from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import EngineGauges, release_metrics
 from tritontts.triton.params import error_response, model_param, optional_input
@@ -90,6 +91,7 @@ class TritonPythonModel:
         fixed = parse_stream_interval(model_param(config, "stream_interval", default="auto"))
         running = self.engine.scheduler.running
         self.stream_interval = (lambda: fixed) if fixed else (lambda: auto_interval(len(running)))
+        self.engine.pause_check = llm_pause_check(config, args, device)
         self.engine.start()
         self.gauges = EngineGauges(pb_utils, args["model_name"], self.engine)
 
@@ -117,4 +119,6 @@ class TritonPythonModel:
     def finalize(self):
         release_metrics(self.gauges)
         self.engine.stop()
+        if self.engine.pause_check is not None:
+            self.engine.pause_check.close()
         end_stub_process()

@@ -16,6 +16,7 @@ from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS, Token2WavInputs, parse_t
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
 from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input, single_instance_stream, stream_instances
 from tritontts.triton.stubs import end_stub_process
@@ -35,6 +36,7 @@ class TritonPythonModel:
             stream_idle_timeout_s=model_param(config, "stream_idle_timeout_s", float, DEFAULT_IDLE_TIMEOUT_S),
         )
         self.stages = token2wav_stage_seconds(pb_utils, args)
+        self.holder = first_chunk_holder(config, args, device)
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)
         self.instances = stream_instances(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
@@ -70,8 +72,11 @@ class TritonPythonModel:
             lambda audio: pb_utils.InferenceResponse(
                 [pb_utils.Tensor("waveform", audio.float().cpu().numpy().reshape(1, -1))]
             ),
+            self.holder,
         )
 
     def finalize(self):
         release_metrics(self.stages, self.open_streams)
+        if self.holder is not None:
+            self.holder.close()
         end_stub_process()

@@ -15,6 +15,7 @@ from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
 from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.first_chunk_priority import first_chunk_holder, holding
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import (
     RequestError,
@@ -42,6 +43,7 @@ class TritonPythonModel:
             stream_idle_timeout_s=model_param(config, "stream_idle_timeout_s", float, DEFAULT_IDLE_TIMEOUT_S),
         )
         self.stages = token2wav_stage_seconds(pb_utils, args)
+        self.holder = first_chunk_holder(config, args, device)
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)
         self.instances = stream_instances(config)
         self.limits = AudioLimits(
@@ -62,7 +64,8 @@ class TritonPythonModel:
             raise RequestError("finalize", "needs a request id: a stream's calls are matched by it")
         first = stream_id not in self.model.open_streams and not inputs.finalize
         try:
-            audio = self.model.stream(stream_id, speaker, inputs.tokens, inputs.finalize, timer)
+            with holding(self.holder, first):
+                audio = self.model.stream(stream_id, speaker, inputs.tokens, inputs.finalize, timer)
         except Exception:
             self.model.cancel(stream_id)
             raise
@@ -81,4 +84,6 @@ class TritonPythonModel:
 
     def finalize(self):
         release_metrics(self.stages, self.open_streams)
+        if self.holder is not None:
+            self.holder.close()
         end_stub_process()

@@ -14,6 +14,7 @@ from tritontts.cosyvoice3.token2mel import Token2Mel
 from tritontts.cosyvoice3.wire import Token2MelCall, parse_token2mel_inputs
 from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input
 from tritontts.triton.stubs import end_stub_process
@@ -26,6 +27,7 @@ class TritonPythonModel:
         device, dtype, graphs = flow_placement(config, args)
         self.model = Token2Mel.from_model_dir(model_param(config, "model_dir"), device, dtype, graphs)
         self.stages = token2wav_stage_seconds(pb_utils, args)
+        self.holder = first_chunk_holder(config, args, device)
         if device.type == "cuda" and self.model.default is not None:
             warm_up_streams(self.model.run_many, self._warm_up_call)
 
@@ -45,10 +47,13 @@ class TritonPythonModel:
             self._call,
             self.model.run_many,
             self.stages,
-            lambda call: call.token_offset in (None, 0),
+            lambda call: call.token_offset == 0,
             lambda mel: pb_utils.InferenceResponse([pb_utils.Tensor("mel", mel.cpu().numpy()[None])]),
+            self.holder,
         )
 
     def finalize(self):
         release_metrics(self.stages)
+        if self.holder is not None:
+            self.holder.close()
         end_stub_process()

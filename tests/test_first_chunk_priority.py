@@ -1,0 +1,240 @@
+"""First chunks before LLM steps (tritontts.triton.first_chunk_priority): the shared board across processes, the
+LLM engine's pause on it, and CosyVoice2 on the real tritonserver with the switch on (the same audio as with it
+off, and the engine's held seconds counted)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cosyvoice2_models import (
+    PREFIX,
+    TEMPLATES,
+    bls_values,
+    build_cosyvoice2_models,
+    checkpoint_paths,
+    install_llm_engine,
+    install_template,
+)
+from cosyvoice_triton import tokens
+from reliability_models import metric_values
+from spark_models import COMMON
+from triton_stream import stream_waveforms
+from waiting import wait_until
+
+from tritontts.audio import load_wav
+from tritontts.llm.config import Qwen2Config
+from tritontts.llm.engine import LLMEngine
+from tritontts.llm.loader import build_model
+from tritontts.llm.sequence import SamplingParams, Sequence
+from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
+from tritontts.triton.first_chunk_priority import FirstChunkHolder, YieldToFirstChunks, board_path
+
+TOKEN2WAV = PREFIX + "token2wav_priority"
+LLM = PREFIX + "tensorrt_llm_priority"
+BLS, PLAIN_BLS = PREFIX + "priority", PREFIX.rstrip("_")
+SHARED = tuple(PREFIX + m for m in ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm"))
+
+
+def build_priority_models(repo: Path, data: Path) -> None:
+    """CosyVoice2's streaming BLS over a token2wav and an LLM engine with `first_chunk_priority` true."""
+    paths = checkpoint_paths(data.parent / "build_cosyvoice2_models")
+    model_dir, llm_dir = paths.model_dir.resolve(), paths.llm_dir.resolve()
+    install_template(
+        TEMPLATES,
+        "token2wav",
+        repo,
+        TOKEN2WAV,
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,"
+        "stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:true",
+    )
+    install_llm_engine(repo, LLM, llm_dir, True, 4, priority=True)
+    values = bls_values(model_dir, llm_dir, True, LLM.removeprefix(PREFIX), token2wav=TOKEN2WAV)
+    install_template(TEMPLATES, "cosyvoice2", repo, BLS, values)
+
+
+TRITON_MODELS = [build_cosyvoice2_models, build_priority_models]
+UNLOAD_AFTER = (BLS, LLM, TOKEN2WAV)
+
+
+def run_holder(board: Path, hold: bool) -> subprocess.Popen:
+    """A process that takes a slot on `board` (holding it for 30 s when `hold`), says "ready", then sleeps."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from tritontts.triton.first_chunk_priority import FirstChunkHolder
+        holder = FirstChunkHolder(Path({str(board)!r}), max_hold_s=30.0)
+        if {hold}:
+            holder.hold()
+        print(holder.slot, flush=True)
+        time.sleep(60)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    process.slot = int(process.stdout.readline())
+    return process
+
+
+def running(tokens_out: int, first_token_at: float | None) -> Sequence:
+    seq = Sequence(0, [1], SamplingParams(), 0, 100)
+    seq.output_ids = list(range(tokens_out))
+    seq.first_token_at = first_token_at
+    return seq
+
+
+def test_a_hold_in_another_process_pauses_while_every_stream_has_audio_in_hand(tmp_path):
+    board = tmp_path / "board"
+    holder = run_holder(board, hold=True)
+    now = [time.monotonic()]
+    check = YieldToFirstChunks(board, audio_tokens_per_s=25.0, clock=lambda: now[0])
+    try:
+        ahead = running(1000, now[0] - 1.0)  # 40 s of audio 1 s after its first token: 39 s in hand
+        assert 29.0 < check([ahead]) <= 30.0
+        assert check([ahead, running(0, None)]) == 0.0  # a stream still before its first token
+        assert check([ahead, running(50, now[0] - 1.0)]) == 0.0  # 1 s in hand, less than the hold's 30
+        now[0] += 29.5
+        assert 0.49 < check([running(100, now[0])]) <= 0.5  # 4 s in hand, 0.5 s of the hold left
+        assert check([]) == 0.0
+    finally:
+        holder.kill()
+        holder.wait()
+        check.close()
+
+
+def test_a_dead_holders_hold_runs_out_and_its_slot_is_taken_again(tmp_path):
+    board = tmp_path / "board"
+    ours = FirstChunkHolder(board, max_hold_s=0.2)
+    dead = run_holder(board, hold=True)
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    check = YieldToFirstChunks(board, audio_tokens_per_s=1.0)
+    stream = running(1000, time.monotonic())
+    assert check([stream]) > 1.0  # the dead holder's 30 s
+    again = run_holder(board, hold=False)
+    try:
+        assert again.slot == dead.slot != ours.slot
+        assert check([stream]) == 0.0
+        ours.hold()
+        assert 0.0 < check([stream]) <= 0.2
+        ours.release()
+        assert check([stream]) == 0.0
+    finally:
+        again.kill()
+        again.wait()
+        ours.close()
+        check.close()
+    assert not board.exists()  # the last live holder removed it
+
+
+def test_a_board_that_appears_later_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr("tritontts.triton.first_chunk_priority.REOPEN_EVERY_S", 0.0)
+    board = tmp_path / "board"
+    check = YieldToFirstChunks(board, audio_tokens_per_s=1.0)
+    stream = running(1000, time.monotonic())
+    assert check([stream]) == 0.0
+    holder = FirstChunkHolder(board, max_hold_s=5.0)
+    holder.hold()
+    assert check([stream]) > 4.0
+    holder.close()
+    check.close()
+
+
+def test_boards_are_per_repository_and_device(tmp_path):
+    a, b = tmp_path / "a" / "token2wav", tmp_path / "b" / "tensorrt_llm"
+    cpu = torch.device("cpu")
+    assert board_path(a, cpu) == board_path(a.parent / "tensorrt_llm", cpu)
+    assert board_path(a, cpu) != board_path(b, cpu)
+    assert board_path(a, torch.device("cuda", 0)) != board_path(a, torch.device("cuda", 1))
+
+
+def test_the_engine_holds_steps_on_a_hold_and_never_a_new_requests_first_token(tmp_path, tiny_engine_model):
+    holder = FirstChunkHolder(tmp_path / "board", max_hold_s=2.0)
+    check = YieldToFirstChunks(holder.path, audio_tokens_per_s=1.0)  # 5 tokens: 5 s in hand, more than the hold
+    engine = LLMEngine.from_model(tiny_engine_model, max_batch_size=2, max_seq_len=256, cuda_graphs=False)
+    engine.pause_check = check
+    streamed: dict[int, list[int]] = {0: [], 1: []}
+    params = SamplingParams(max_tokens=200, temperature=0.0)
+    engine.start()
+    try:
+        engine.add_request([1, 2, 3], params, lambda e: streamed[0].extend(e.token_ids), request_id=0)
+        wait_until(lambda: len(streamed[0]), lambda n: n >= 5, "five tokens")
+        holder.hold()
+        held_at = len(wait_until(lambda: list(streamed[0]), lambda t: True, "a reading"))
+        time.sleep(0.3)
+        assert len(streamed[0]) <= held_at + 2  # at most the step in flight when the hold began
+        engine.add_request([4, 5], params, lambda e: streamed[1].extend(e.token_ids), request_id=1)
+        wait_until(
+            lambda: len(streamed[1]), lambda n: n >= 1, "the new request's first token during the hold"
+        )
+        holder.release()
+        wait_until(lambda: len(streamed[0]), lambda n: n >= held_at + 20, "steps again after the release")
+        assert engine.paused_s >= 0.25
+    finally:
+        engine.stop()
+        holder.close()
+        check.close()
+
+
+def test_a_stream_short_of_audio_keeps_the_engine_stepping(tmp_path, tiny_engine_model):
+    holder = FirstChunkHolder(tmp_path / "board", max_hold_s=30.0)
+    engine = LLMEngine.from_model(tiny_engine_model, max_batch_size=2, max_seq_len=256, cuda_graphs=False)
+    engine.pause_check = YieldToFirstChunks(holder.path, audio_tokens_per_s=1e6)  # no audio in hand, ever
+    streamed: list[int] = []
+    engine.start()
+    try:
+        holder.hold()
+        engine.add_request(
+            [1, 2, 3], SamplingParams(max_tokens=100, temperature=0.0), lambda e: streamed.extend(e.token_ids)
+        )
+        wait_until(lambda: len(streamed), lambda n: n == 100, "all 100 tokens under the hold")
+        assert engine.paused_s == 0.0
+    finally:
+        engine.stop()
+        holder.close()
+        engine.pause_check.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine_model():
+    config = Qwen2Config.from_dict(qwen2_config("tiny", vocab_size=512))
+    return build_model(
+        config, qwen2_state_dict("tiny", seed=3, vocab_size=512), "cpu", torch.float32, "synthetic"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(triton):
+    return triton.load(*SHARED, PLAIN_BLS, TOKEN2WAV, LLM, BLS)
+
+
+def test_cosyvoice2_with_first_chunk_priority_gives_the_same_audio_and_holds_the_llm(server, prompt_zh):
+    wav = load_wav(prompt_zh, 16000)[: 16000 * 3]
+    values = {
+        "target_text": np.array([["身临其境，换新体验。".encode()]], dtype=object),
+        "reference_wav": wav.reshape(1, -1).astype(np.float32),
+        "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
+        "reference_text": np.array([["吃燕窝就选燕之屋".encode()]], dtype=object),
+    }
+    board = board_path(server.repo / TOKEN2WAV, torch.device("cpu"))
+    assert board.exists()
+    plain = np.concatenate(stream_waveforms(server.grpc_url, PLAIN_BLS, values, tokens(100)), axis=None)
+    for _ in range(3):
+        held = np.concatenate(stream_waveforms(server.grpc_url, BLS, values, tokens(100)), axis=None)
+        assert held.shape == plain.shape
+        np.testing.assert_allclose(held, plain, atol=1e-5)
+    wait_until(
+        lambda: metric_values(server.server, "tritontts_llm_held_seconds"),
+        lambda v: v.get(f'{{model="{LLM}"}}', 0.0) > 0.0,
+        f"{LLM}'s held seconds above 0 after three streams",
+        timeout=10,
+    )
+    assert (
+        metric_values(server.server, "tritontts_llm_held_seconds").get(f'{{model="{PREFIX}tensorrt_llm"}}')
+        == 0.0
+    )
