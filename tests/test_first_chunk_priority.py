@@ -92,14 +92,16 @@ def test_a_hold_in_another_process_pauses_while_every_stream_has_audio_in_hand(t
     board = tmp_path / "board"
     holder = run_holder(board, hold=True)
     now = [time.monotonic()]
-    check = YieldToFirstChunks(board, audio_tokens_per_s=25.0, clock=lambda: now[0])
+    check = YieldToFirstChunks(board, audio_tokens_per_s=25.0, first_chunk_tokens=18, clock=lambda: now[0])
     try:
         ahead = running(1000, now[0] - 1.0)  # 40 s of audio 1 s after its first token: 39 s in hand
-        assert 29.0 < check([ahead]) <= 30.0
+        assert 20.0 < check([ahead]) <= 30.0
         assert check([ahead, running(0, None)]) == 0.0  # a stream still before its first token
         assert check([ahead, running(50, now[0] - 1.0)]) == 0.0  # 1 s in hand, less than the hold's 30
         now[0] += 29.5
         assert 0.49 < check([running(100, now[0])]) <= 0.5  # 4 s in hand, 0.5 s of the hold left
+        assert 0.49 < check([running(18, now[0])]) <= 0.5  # 0.72 s in hand and its first chunk's tokens
+        assert check([running(17, now[0])]) == 0.0  # 0.68 s in hand, but one token short of its first chunk
         assert check([]) == 0.0
     finally:
         holder.kill()
@@ -155,7 +157,9 @@ def test_boards_are_per_repository_and_device(tmp_path):
 
 def test_the_engine_holds_steps_on_a_hold_and_never_a_new_requests_first_token(tmp_path, tiny_engine_model):
     holder = FirstChunkHolder(tmp_path / "board", max_hold_s=2.0)
-    check = YieldToFirstChunks(holder.path, audio_tokens_per_s=1.0)  # 5 tokens: 5 s in hand, more than the hold
+    check = YieldToFirstChunks(
+        holder.path, audio_tokens_per_s=1.0
+    )  # 5 tokens: 5 s in hand, more than the hold
     engine = LLMEngine.from_model(tiny_engine_model, max_batch_size=2, max_seq_len=256, cuda_graphs=False)
     engine.pause_check = check
     streamed: dict[int, list[int]] = {0: [], 1: []}

@@ -59,11 +59,13 @@ def first_chunk_holder(config: dict, args: dict, device: torch.device) -> FirstC
 
 def llm_pause_check(config: dict, args: dict, device: torch.device) -> YieldToFirstChunks | None:
     """The LLM engine's pause check when its `first_chunk_priority` parameter is true (default false), with
-    `audio_tokens_per_s` (default 25, CosyVoice's speech tokens)."""
+    `audio_tokens_per_s` (default 25, CosyVoice's speech tokens) and `first_chunk_tokens` (default 18: the
+    BLS's token_hop_len + pre_lookahead_len)."""
     if not model_param(config, "first_chunk_priority", bool, default=False):
         return None
     rate = model_param(config, "audio_tokens_per_s", float, default=25.0)
-    return YieldToFirstChunks(board_path(args["model_repository"], device), rate)
+    first_chunk = model_param(config, "first_chunk_tokens", int, default=18)
+    return YieldToFirstChunks(board_path(args["model_repository"], device), rate, first_chunk)
 
 
 def _alive(pid: int) -> bool:
@@ -160,12 +162,13 @@ class YieldToFirstChunks:
     """The LLM engine's pause check (LLMEngine `pause_check`): seconds its next step may still wait.
 
     It waits while some token2wav instance of its board holds the GPU, and only while each running sequence
-    has streamed more audio than the hold can still last: `tokens / audio_tokens_per_s` seconds of audio
-    since its first token, less the time since then. A sequence without a token yet (its first chunk not
-    made) keeps the engine stepping."""
+    has the tokens of its own first chunk (`first_chunk_tokens`) and has streamed more audio than the hold can
+    still last: `tokens / audio_tokens_per_s` seconds of audio since its first token, less the time since
+    then. A sequence short of either keeps the engine stepping."""
 
     path: Path
     audio_tokens_per_s: float
+    first_chunk_tokens: int = 0
     clock: Callable[[], float] = time.monotonic
     _entries: np.ndarray | None = field(default=None, repr=False)
     _memory: mmap.mmap | None = field(default=None, repr=False)
@@ -188,7 +191,7 @@ class YieldToFirstChunks:
         if hold <= 0:
             return 0.0
         for seq in running:
-            if seq.first_token_at is None:
+            if seq.first_token_at is None or len(seq.output_ids) < self.first_chunk_tokens:
                 return 0.0
             ahead = len(seq.output_ids) / self.audio_tokens_per_s - (now - seq.first_token_at)
             if ahead < hold:
