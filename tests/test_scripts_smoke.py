@@ -129,9 +129,12 @@ PROGRAM_IDS = [s.name for s in SCRIPTS] + ENTRY_POINTS
 def help_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     """Every program's `--help`, 4 at a time (each is mostly the interpreter's imports), in a scratch of its own."""
 
+    scratches = [
+        tmp_path_factory.mktemp(f"help{index}") for index in range(len(PROGRAMS))
+    ]  # not from threads
+
     def run(index: int) -> tuple[subprocess.CompletedProcess, Path]:
-        scratch = tmp_path_factory.mktemp(f"help{index}")
-        return run_script(PROGRAMS[index], "--help", scratch=scratch, timeout=120), scratch
+        return run_script(PROGRAMS[index], "--help", scratch=scratches[index], timeout=120), scratches[index]
 
     with ThreadPoolExecutor(4) as pool:
         return dict(zip(PROGRAM_IDS, pool.map(run, range(len(PROGRAMS)))))
