@@ -15,6 +15,16 @@ from tritonclient.utils import InferenceServerException
 SAMPLES_PER_TOKEN = 960  # 24 kHz, 2 mel frames of 480 samples per speech token
 
 
+def reference_request(wav: np.ndarray, target_text: str, reference_text: str) -> dict:
+    """A BLS request's inputs: `target_text` in the voice of `wav` (16 kHz) saying `reference_text`."""
+    return {
+        "target_text": np.array([[target_text.encode()]], dtype=object),
+        "reference_wav": wav.reshape(1, -1).astype(np.float32),
+        "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
+        "reference_text": np.array([[reference_text.encode()]], dtype=object),
+    }
+
+
 def tokens(count: int) -> dict:
     """Request parameters that make the LLM give exactly `count` speech tokens."""
     return {"min_new_tokens": count, "max_new_tokens": count}

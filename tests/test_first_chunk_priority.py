@@ -23,7 +23,7 @@ from cosyvoice2_models import (
     install_llm_engine,
     install_template,
 )
-from cosyvoice_triton import tokens
+from cosyvoice_triton import reference_request, tokens
 from reliability_models import metric_values
 from spark_models import COMMON
 from triton_stream import stream_waveforms
@@ -219,12 +219,7 @@ def server(triton):
 
 def test_cosyvoice2_with_first_chunk_priority_gives_the_same_audio_and_holds_the_llm(server, prompt_zh):
     wav = load_wav(prompt_zh, 16000)[: 16000 * 3]
-    values = {
-        "target_text": np.array([["身临其境，换新体验。".encode()]], dtype=object),
-        "reference_wav": wav.reshape(1, -1).astype(np.float32),
-        "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
-        "reference_text": np.array([["吃燕窝就选燕之屋".encode()]], dtype=object),
-    }
+    values = reference_request(wav, "身临其境，换新体验。", "吃燕窝就选燕之屋")
     board = board_path(server.repo / TOKEN2WAV, torch.device("cpu"))
     assert board.exists()
     plain = np.concatenate(stream_waveforms(server.grpc_url, PLAIN_BLS, values, tokens(100)), axis=None)

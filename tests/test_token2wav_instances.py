@@ -22,6 +22,7 @@ from cosyvoice2_models import (
     checkpoint_paths,
     install_template,
 )
+from cosyvoice_triton import reference_request
 from triton_stream import make_inputs, stream_waveforms
 from tritonclient.utils import InferenceServerException
 from waiting import wait_until
@@ -145,12 +146,7 @@ def test_the_bls_streams_through_routed_instances(server, prompt_zh):
     from tritontts.audio import load_wav
 
     wav = load_wav(prompt_zh, 16000)[: 16000 * 3]
-    values = {
-        "target_text": np.array([["身临其境，换新体验。".encode()]], dtype=object),
-        "reference_wav": wav.reshape(1, -1).astype(np.float32),
-        "reference_wav_len": np.array([[wav.size]], dtype=np.int32),
-        "reference_text": np.array([["吃燕窝就选燕之屋".encode()]], dtype=object),
-    }
+    values = reference_request(wav, "身临其境，换新体验。", "吃燕窝就选燕之屋")
     parameters = {"min_new_tokens": 60, "max_new_tokens": 60}
     with ThreadPoolExecutor(3) as pool:
         streams = list(

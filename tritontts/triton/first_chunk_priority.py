@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from tritontts.llm.sequence import Sequence
+from tritontts.processes import pid_alive
 from tritontts.triton.params import model_param
 
 SLOTS = 64
@@ -68,16 +69,6 @@ def llm_pause_check(config: dict, args: dict, device: torch.device) -> YieldToFi
     return YieldToFirstChunks(board_path(args["model_repository"], device), rate, first_chunk)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _map(path: Path, create: bool) -> tuple[mmap.mmap, np.ndarray] | None:
     flags = os.O_RDWR | (os.O_CREAT if create else 0)
     try:
@@ -113,7 +104,7 @@ class FirstChunkHolder:
             fcntl.flock(handle, fcntl.LOCK_EX)
             for slot, entry in enumerate(self._entries):
                 owner = int(entry["pid"])
-                if owner in (0, pid) or not _alive(owner):
+                if owner in (0, pid) or not pid_alive(owner):
                     self._entries[slot] = (pid, 0.0)
                     return slot
         raise RuntimeError(f"{self.path}: all {SLOTS} slots are held by running processes")
@@ -131,7 +122,7 @@ class FirstChunkHolder:
         with open(self.path, "r+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             self._entries[self.slot] = (0, 0.0)
-            if not any(int(p) and _alive(int(p)) for p in self._entries["pid"]):
+            if not any(int(p) and pid_alive(int(p)) for p in self._entries["pid"]):
                 self.path.unlink(missing_ok=True)
         _unmap(self)
 
