@@ -204,6 +204,60 @@ def test_a_stream_short_of_audio_keeps_the_engine_stepping(tmp_path, tiny_engine
         engine.pause_check.close()
 
 
+def test_holds_change_no_token_and_a_stream_ending_in_flight_finishes_before_the_hold(
+    tmp_path, tiny_engine_model
+):
+    prompts = [[1, 2, 3], [7, 8, 9, 10], [4]]
+    params = [SamplingParams(max_tokens=n, temperature=0.0) for n in (40, 9, 60)]
+    plain = LLMEngine.from_model(tiny_engine_model, max_batch_size=4, max_seq_len=256, cuda_graphs=False)
+    expected = plain.generate(prompts, params)
+
+    holder = FirstChunkHolder(tmp_path / "board", max_hold_s=2.0)
+    engine = LLMEngine.from_model(tiny_engine_model, max_batch_size=4, max_seq_len=256, cuda_graphs=False)
+    engine.pause_check = YieldToFirstChunks(holder.path, audio_tokens_per_s=1.0)  # 5 tokens: 5 s in hand
+    events: dict[int, list] = {i: [] for i in range(3)}
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(prompt, p, events[i].append, request_id=i)
+    while len(events[1]) < 5:  # by hand, on this thread: the short stream is 5 tokens in
+        engine.step()
+    assert engine._inflight is not None
+    holder.hold()
+    assert engine._hold_s() > 0
+    delivered = sum(len(e) for e in events.values())
+    engine._deliver_inflight()  # what the serving thread does first when a hold begins
+    assert sum(len(e) for e in events.values()) == delivered + 3 and engine._inflight is None
+    holder.release()
+    while engine.has_work():
+        engine.step()
+    for i in range(3):
+        assert [t for e in events[i] for t in e.token_ids] == expected[i]
+        assert events[i][-1].finished
+    holder.close()
+    engine.pause_check.close()
+
+
+def test_a_stream_that_ends_in_the_step_in_flight_gets_its_last_event_during_the_hold(
+    tmp_path, tiny_engine_model
+):
+    holder = FirstChunkHolder(tmp_path / "board", max_hold_s=30.0)
+    engine = LLMEngine.from_model(tiny_engine_model, max_batch_size=2, max_seq_len=256, cuda_graphs=False)
+    # 10 s of audio a token: the hold starts to count at the third token, with the fourth and last in flight
+    engine.pause_check = YieldToFirstChunks(holder.path, audio_tokens_per_s=0.1)
+    events: list = []
+    holder.hold()
+    engine.start()
+    try:
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0), events.append)
+        wait_until(
+            lambda: list(events), lambda e: e and e[-1].finished, "the last event well within the hold"
+        )
+        assert sum(len(e.token_ids) for e in events) == 4 and engine.paused_s == 0.0
+    finally:
+        engine.stop()
+        holder.close()
+        engine.pause_check.close()
+
+
 @pytest.fixture(scope="module")
 def tiny_engine_model():
     config = Qwen2Config.from_dict(qwen2_config("tiny", vocab_size=512))

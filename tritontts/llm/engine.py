@@ -6,8 +6,8 @@ batching: requests join and leave between steps) and, while the device runs it, 
 previous step. The device thus runs one step ahead of the host: a request that ended at step t also ran
 step t+1, whose token is dropped (its slot is released behind that step on the same stream). `start()` runs
 steps on a background thread whenever there is work; `generate()` is a synchronous helper on top of either.
-With a `pause_check`, the background thread holds a step while it says so (never while a request waits to be
-admitted or cancelled), for another process's work on the same GPU.
+With a `pause_check`, the background thread holds steps while it says so (never while a request waits to be
+admitted or cancelled), for another process's work on the same GPU; it first streams the step in flight.
 """
 
 from __future__ import annotations
@@ -177,11 +177,25 @@ class LLMEngine:
             kv_len = max(s.length for s in running) + (previous is not None)
             candidates = self.runner.candidates(s.params for s in running)
             self._inflight = (list(running), self.runner.decode_async(len(running), kv_len, candidates))
-        if previous is not None:
-            seqs, pending = previous
-            live = [(s, t) for s, t in zip(seqs, pending.wait()) if s.finish_reason is None]
-            finished += self._retire(self._deliver([s for s, _ in live], [t for _, t in live]))
-        return finished
+        return finished + self._deliver_step(previous)
+
+    def _deliver_step(self, launched: tuple[list[Sequence], PendingTokens] | None) -> list[Sequence]:
+        """Streams the tokens of a launched step once the device has them; returns the sequences it finished."""
+        if launched is None:
+            return []
+        seqs, pending = launched
+        live = [(s, t) for s, t in zip(seqs, pending.wait()) if s.finish_reason is None]
+        return self._retire(self._deliver([s for s, _ in live], [t for _, t in live]))
+
+    def _deliver_inflight(self) -> None:
+        """The step in flight's tokens out, no new step launched (before a hold: a stream that ended in it
+        finishes now, not after the hold)."""
+        launched, self._inflight = self._inflight, None
+        try:
+            self._deliver_step(launched)
+        except Exception as error:
+            self._fail_all(FinishReason.ERROR, f"{type(error).__name__}: {error}")
+            raise
 
     def _deliver(self, seqs: list[Sequence], tokens: list[int]) -> dict[Sequence, list[int]]:
         """Stream each sequence's new token; return the finished ones with their last tokens."""
@@ -282,18 +296,18 @@ class LLMEngine:
             self.scheduler.add(seq)
         self._fail_all(FinishReason.CANCELLED, None)
 
-    def _pause(self) -> bool:
-        """Under `_wake`, on the engine thread: waits a moment if `pause_check` asks for it and nothing is
-        waiting to be admitted or cancelled; whether it waited."""
+    def _hold_s(self) -> float:
+        """Under `_wake`: the seconds `pause_check` asks the next step to wait; 0 while a request waits to be
+        admitted or cancelled."""
         if self.pause_check is None or self._inbox or self._cancels or self.scheduler.waiting:
-            return False
-        wait_s = self.pause_check(self.scheduler.running)
-        if wait_s <= 0:
-            return False
+            return 0.0
+        return self.pause_check(self.scheduler.running)
+
+    def _hold(self, hold_s: float) -> None:
+        """Under `_wake`: waits a moment of the hold (a new request or a cancellation ends it at once)."""
         start = time.monotonic()
-        self._wake.wait(min(wait_s, PAUSE_POLL_S))
+        self._wake.wait(min(hold_s, PAUSE_POLL_S))
         self.paused_s += time.monotonic() - start
-        return True
 
     def _serve(self) -> None:
         device = self.runner.device
@@ -307,9 +321,14 @@ class LLMEngine:
                     self._wake.wait()
                 if self._stopping:
                     return
-                if self._pause():
+                hold_s = self._hold_s()
+                if hold_s > 0 and self._inflight is None:
+                    self._hold(hold_s)
                     continue
             try:
-                self.step()
+                if hold_s > 0:
+                    self._deliver_inflight()
+                else:
+                    self.step()
             except Exception:
                 log.exception("engine step failed; its requests were finished with an error")
