@@ -26,15 +26,13 @@ from cosyvoice2_models import (
 from cosyvoice_triton import reference_request, tokens
 from reliability_models import metric_values
 from spark_models import COMMON
+from triton_interpreter import tiny_model
 from triton_stream import stream_waveforms
 from waiting import wait_until
 
 from tritontts.audio import load_wav
-from tritontts.llm.config import Qwen2Config
 from tritontts.llm.engine import LLMEngine
-from tritontts.llm.loader import build_model
 from tritontts.llm.sequence import SamplingParams, Sequence
-from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
 from tritontts.triton.first_chunk_priority import FirstChunkHolder, YieldToFirstChunks, board_path
 
 TOKEN2WAV = PREFIX + "token2wav_priority"
@@ -260,10 +258,7 @@ def test_a_stream_that_ends_in_the_step_in_flight_gets_its_last_event_during_the
 
 @pytest.fixture(scope="module")
 def tiny_engine_model():
-    config = Qwen2Config.from_dict(qwen2_config("tiny", vocab_size=512))
-    return build_model(
-        config, qwen2_state_dict("tiny", seed=3, vocab_size=512), "cpu", torch.float32, "synthetic"
-    )
+    return tiny_model()
 
 
 @pytest.fixture(scope="module")

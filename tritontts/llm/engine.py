@@ -17,8 +17,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -150,8 +151,14 @@ class LLMEngine:
             cancels, self._cancels = self._cancels, set()
         for seq in new:
             self.scheduler.add(seq)
-        try:
+        with self._failing_all_on_error():
             return self._step(cancels)
+
+    @contextmanager
+    def _failing_all_on_error(self) -> Iterator[None]:
+        """An exception inside finishes every request with it (then propagates)."""
+        try:
+            yield
         except Exception as error:
             self._fail_all(FinishReason.ERROR, f"{type(error).__name__}: {error}")
             raise
@@ -191,11 +198,8 @@ class LLMEngine:
         """The step in flight's tokens out, no new step launched (before a hold: a stream that ended in it
         finishes now, not after the hold)."""
         launched, self._inflight = self._inflight, None
-        try:
+        with self._failing_all_on_error():
             self._deliver_step(launched)
-        except Exception as error:
-            self._fail_all(FinishReason.ERROR, f"{type(error).__name__}: {error}")
-            raise
 
     def _deliver(self, seqs: list[Sequence], tokens: list[int]) -> dict[Sequence, list[int]]:
         """Stream each sequence's new token; return the finished ones with their last tokens."""

@@ -63,13 +63,13 @@ def execute_batched(
         except Exception as err:
             outcomes[i] = err
     timer = StageTimer()
-    with holding(holder, any(first_chunk(call) for call in calls)):
+    firsts = [first_chunk(call) for call in calls]
+    with holding(holder, any(firsts)):
         results = run_many(calls, timer)
     for slot, result in zip(slots, results):
         outcomes[slot] = result
     if calls:
-        first = all(first_chunk(call) for call in calls)
-        stages.add(timer.stages, chunk="first" if first else "other")
+        stages.add(timer.stages, chunk="first" if all(firsts) else "other")
     return [
         error_response(pb_utils, outcome) if isinstance(outcome, Exception) else respond(outcome)
         for outcome in outcomes
