@@ -89,6 +89,7 @@ gpu_layout=servers                  # with --gpus: servers (data parallel: stage
 foreground=false                    # stage 3: stay attached to the server (containers)
 server_cpu_threads=auto             # stages 3 and 7: OMP_NUM_THREADS of the servers (torch CPU threads in every python-backend stub); auto: 1 on a GPU host unless --llm_device/--model_device is cpu or OMP_NUM_THREADS is set (H200, a new CosyVoice2 voice: front end 120 -> 45 ms at c=1, 653 -> 41 ms at c=4); 0: leave it to the environment
 server_malloc_arena_max=2           # stages 3 and 7: MALLOC_ARENA_MAX of the servers (glibc malloc arenas of tritonserver and its stubs; glibc's default, 8 per core, let tritonserver's private memory creep up for 30 minutes of traffic); 0: leave it to the environment
+server_extra_args=""                # stages 3 and 7: more tritonserver arguments, shell-quoted, e.g. "--trace-config triton,file=exp/trace_{server}.json --trace-config rate=1 --trace-config level=TIMESTAMPS" (docs/benchmarks.md: one request's timeline); {server} becomes each server's name where several start
 cuda_mps=false                      # stages 3 and 7: start NVIDIA MPS first, so the LLM and token2wav processes share the GPU at once instead of taking turns (H100: CosyVoice3 first chunk 218 -> 176 ms); run.sh stop ends it
 first_chunk_priority=true           # stage 2, CosyVoice families, torch LLM beside token2wav on one GPU: the LLM holds its decode steps while token2wav makes a stream's first chunk (at most 0.2 s, only while every stream it decodes has more audio in hand than that); docs/gpu-hosts.md#first-chunks-before-llm-steps
 mps_pipe_dir=/tmp/nvidia-mps        # CUDA_MPS_PIPE_DIRECTORY of that daemon (a short path: it holds a unix socket)
@@ -641,7 +642,8 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ] && [ "$data_parallel" = true ];
   log "Stage 3: one tritonserver per GPU on GPUs $gpus (data parallel), each serving $model_repo"
   dp_cli start --co-located --model-repo "$model_repo" --address "$server_address" --timeout "$server_timeout" \
     --token2wav-gpus "$gpus" --instances-per-gpu 1 --http-base-port "$disagg_http_base_port" \
-    --grpc-base-port "$disagg_grpc_base_port" --metrics-base-port "$disagg_metrics_base_port"
+    --grpc-base-port "$disagg_grpc_base_port" --metrics-base-port "$disagg_metrics_base_port" \
+    --server-extra-args="$server_extra_args"
 elif [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   require_fixed_stub
   if [ "$gpu_layout" = instances ]; then
@@ -652,7 +654,7 @@ elif [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   (
     [ "$gpu_layout" != instances ] || export CUDA_VISIBLE_DEVICES=$gpus
     server_cli start --model-repo "$model_repo" --address "$server_address" --http-port "$http_port" --grpc-port "$grpc_port" \
-      --metrics-port "$metrics_port" --timeout "$server_timeout"
+      --metrics-port "$metrics_port" --timeout "$server_timeout" --server-extra-args="${server_extra_args//\{server\}/triton}"
   )
   if [ "$foreground" = true ]; then
     log "staying attached to the server (pid $(cat "$pid_file")); log: $server_log"
@@ -737,7 +739,7 @@ elif [ "$stage" -le 7 ] && [ "$stop_stage" -ge 7 ]; then
     --llm-command-prefix="$trtllm_serve_prefix" --llm-extra-args="$llm_server_extra_args${llm_extra_output_tokens}" \
     --token2wav-gpus "$token2wav_gpus" --instances-per-gpu "$instances_per_gpu" \
     --http-base-port "$disagg_http_base_port" --grpc-base-port "$disagg_grpc_base_port" \
-    --metrics-base-port "$disagg_metrics_base_port"
+    --metrics-base-port "$disagg_metrics_base_port" --server-extra-args="$server_extra_args"
 fi
 
 if [ "$stage" -le 8 ] && [ "$stop_stage" -ge 8 ]; then

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,7 @@ def start(args: argparse.Namespace) -> int:
         log_verbose=args.log_verbose,
         model_control_mode=args.model_control_mode,
         python_shm_bytes=args.python_shm_bytes,
-        extra_args=tuple(args.extra),
+        extra_args=(*shlex.split(args.server_extra_args), *args.extra),
     )
     server = TritonServer(config)
     pid = server.start()
@@ -145,6 +146,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     start_parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
     start_parser.add_argument("--log-verbose", type=int, default=0)
     start_parser.add_argument("--model-control-mode", default=None, choices=["none", "poll", "explicit"])
+    start_parser.add_argument(
+        "--server-extra-args",
+        default="",
+        help="more tritonserver arguments, shell-quoted (those after -- follow them)",
+    )
     start_parser.add_argument(
         "--watchdog",
         default="auto",

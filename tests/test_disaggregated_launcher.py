@@ -151,9 +151,18 @@ def test_cli_builds_the_topology_and_dry_run_prints_it(tmp_path, capsys):
         "--backend tensorrt",
     ]
     argv += ["--llm-command-prefix", " ".join(UPSTREAM_MPIRUN), "--grpc-base-port", "19000"]
+    argv += ["--server-extra-args", "--trace-config 'triton,file=/t/trace {server}.json' --log-info true"]
     plan = topology_from_args(get_parser().parse_args(argv))
     assert plan.llm.command()[:7] == [*UPSTREAM_MPIRUN, "trtllm-serve", "serve"]
     assert plan.llm.command()[-2:] == ["--backend", "tensorrt"]
+    for server in plan.servers():
+        command = server.command(tmp_path, tmp_path, INSTALL)
+        assert command[-4:] == [
+            "--trace-config",
+            f"triton,file=/t/trace {server.name}.json",
+            "--log-info",
+            "true",
+        ]
     assert main([*argv, "--dry-run"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["num_gpus"] == 3 and printed["llm"]["gpus"] == ["0"]

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from tritontts.triton.request_runner import RequestRunner
+from tritontts.triton.request_trace import trace_arguments
 
 
 def test_inline_streams_run_one_after_another_before_execute_returns():
@@ -42,3 +43,35 @@ def test_worker_threads_return_before_the_streams_end_and_run_them_together():
 def test_concurrency_below_one_is_refused():
     with pytest.raises(ValueError, match="max_concurrent_requests"):
         RequestRunner(0)
+
+
+class TracedRequest:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def trace(self) -> str:
+        return f"trace of {self.name}"
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_the_models_a_request_calls_get_its_trace_on_any_thread(concurrency):
+    seen: dict[str, dict] = {}
+    done = threading.Barrier(3 if concurrency == 1 else 4, timeout=10)
+
+    def stream(request):
+        seen[request.name] = trace_arguments()
+        if concurrency > 1:
+            done.wait()
+
+    runner = RequestRunner(concurrency)
+    requests = [TracedRequest("a"), TracedRequest("b"), TracedRequest("c")]
+    runner.execute(requests, decoupled=True, stream=stream, offline=None)
+    if concurrency > 1:
+        done.wait()
+    runner.close()
+    assert seen == {name: {"trace": f"trace of {name}"} for name in "abc"}
+    assert trace_arguments() == {}
+    offline = runner if concurrency == 1 else RequestRunner(1)
+    assert offline.execute(
+        ["untraced"], decoupled=False, stream=None, offline=lambda r: trace_arguments()
+    ) == [{}]

@@ -13,6 +13,7 @@ import pytest
 import soundfile
 from waiting import python_env, scaled, wait_started
 
+from tritontts.bench.triton_trace import read_traces, timelines, trace_files
 from tritontts.triton.server import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +61,18 @@ def test_stages_leave_wavs_and_a_summary(exp, bench_data, mode, stages):
         "--reference_audio",
         str(ROOT.parent / "shared/data/prompt_zh.wav"),
     ]
+    trace = exp / f"trace_{mode}_{{server}}.json"
+    if mode == "streaming":
+        tracing = f"--trace-config triton,file={trace} --trace-config rate=1 --trace-config level=TIMESTAMPS"
+        options += ["--server_extra_args", tracing]
     try:
         done = run_sh(*stages, mode, *options, exp=exp, ports=ports)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finally:
         run_sh("stop", exp=exp, ports=ports)
     home = exp / "spark_tts"
+    if mode == "streaming":
+        assert_trace_times_each_request(Path(str(trace).replace("{server}", "triton")))
     (run,) = json.loads((home / f"log_{mode}_tasks_2" / "summary.json").read_text())["runs"]
     assert (run["mode"], run["succeeded"], run["failed"]) == (mode, 4, 0)
     assert run["audio_seconds"] == pytest.approx(4 * 60 * 320 / 16000)
@@ -77,6 +84,28 @@ def test_stages_leave_wavs_and_a_summary(exp, bench_data, mode, stages):
         not (home / "tritonserver.pid").exists()
         or not Path(f"/proc/{(home / 'tritonserver.pid').read_text().strip()}").exists()
     )
+
+
+def assert_trace_times_each_request(trace: Path) -> None:
+    """--server_extra_args reached tritonserver: its trace times each streamed request of the BLS (4 of stage
+    4, 1 of stage 5) and the requests it made of the LLM, and trace_summary.py reads it."""
+    found = timelines(read_traces(trace_files(trace)), "spark_tts")
+    assert len(found) == 5, [t.request_id for t in found]
+    for t in found:
+        assert t.queue_ms is not None and t.queue_ms >= 0
+        assert (
+            t.first_response_ms is not None and t.first_response_ms <= t.last_response_ms <= t.compute_end_ms
+        )
+        llm = [c for c in t.children if c.model == "tensorrt_llm"]
+        assert len(llm) == 1 and llm[0].start_ms < t.first_response_ms, t.children
+    done = subprocess.run(
+        [sys.executable, "scripts/trace_summary.py", str(trace), "--model", "spark_tts", "--top", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("5 requests of spark_tts") and "tensorrt_llm x1" in done.stdout, done.stdout
 
 
 def test_help_names_stage_6_and_its_options():

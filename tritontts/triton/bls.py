@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tritontts.triton.llm_contract import OUTPUT_NAMES, generated_tokens, llm_request_inputs
+from tritontts.triton.request_trace import trace_arguments
 from tritontts.triton.stub_objects import hold_until_stub_done
 from tritontts.triton.stubs import callee_monitor
 
@@ -31,7 +32,7 @@ def _request(
     sequence_flags: int | None = None,
 ) -> Any:
     tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
-    extra = {} if request_id is None else {"request_id": request_id}
+    extra = trace_arguments() | ({} if request_id is None else {"request_id": request_id})
     if sequence_flags is not None and request_id:
         extra |= {"correlation_id": request_id, "flags": sequence_flags}
     return pb_utils.InferenceRequest(

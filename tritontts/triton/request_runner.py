@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tritontts.triton.request_trace import traced
+
 
 class RequestRunner:
     def __init__(self, concurrency: int = 1) -> None:
@@ -28,7 +30,9 @@ class RequestRunner:
         stream: Callable[[Any], None],
         offline: Callable[[Any], Any],
     ) -> list[Any] | None:
-        """`stream(request)` sends a decoupled request's responses itself; `offline(request)` returns one."""
+        """`stream(request)` sends a decoupled request's responses itself; `offline(request)` returns one. Both run
+        with the request's Triton trace handed to the models they call."""
+        stream, offline = traced(stream), traced(offline)
         if decoupled:
             for request in requests:
                 if self.pool is None:

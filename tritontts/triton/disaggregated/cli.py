@@ -95,6 +95,11 @@ def get_parser() -> argparse.ArgumentParser:
     t2w.add_argument("--http-base-port", type=int, default=PortBases.http, help="server i: base + 1 + i")
     t2w.add_argument("--grpc-base-port", type=int, default=PortBases.grpc)
     t2w.add_argument("--metrics-base-port", type=int, default=PortBases.metrics)
+    t2w.add_argument(
+        "--server-extra-args",
+        default="",
+        help="more arguments for every tritonserver, shell-quoted; {server} becomes each server's name",
+    )
 
     st = commands.add_parser("status", parents=[state], help="whether each process runs and is ready")
     st.add_argument("--print", dest="value", choices=PRINTABLE, default=None, help="print one value only")
@@ -111,6 +116,7 @@ def topology_from_args(args: argparse.Namespace) -> Topology:
         instances_per_gpu=args.instances_per_gpu,
         bases=PortBases(args.http_base_port, args.grpc_base_port, args.metrics_base_port),
         address=args.address,
+        server_extra_args=split_args(args.server_extra_args),
     )
 
 

@@ -154,6 +154,8 @@ class Token2wavServerPlan:
     metrics_port: int
     address: str = LOOPBACK
     role: str = "token2wav"
+    extra_args: tuple[str, ...] = ()
+    """more tritonserver arguments; `{server}` in one becomes this server's name (a trace file each, say)"""
 
     @property
     def name(self) -> str:
@@ -176,6 +178,7 @@ class Token2wavServerPlan:
             address=self.address,
             log_file=run_dir / f"{self.name}.log",
             pid_file=run_dir / f"{self.name}.pid",
+            extra_args=tuple(arg.replace("{server}", self.name) for arg in self.extra_args),
         )
 
     def command(self, model_repo: Path, run_dir: Path, install: TritonInstall) -> list[str]:
@@ -196,6 +199,8 @@ class Topology:
     instances_per_gpu: int = 2
     bases: PortBases = field(default_factory=PortBases)
     address: str = LOOPBACK
+    server_extra_args: tuple[str, ...] = ()
+    """more arguments for every tritonserver (see Token2wavServerPlan.extra_args)"""
 
     def __post_init__(self) -> None:
         if not self.token2wav_gpus:
@@ -230,6 +235,7 @@ class Topology:
                         metrics_port=self.bases.metrics + offset,
                         address=self.address,
                         role=self.layout_role,
+                        extra_args=self.server_extra_args,
                     )
                 )
         return servers
