@@ -46,14 +46,17 @@ def build_cosyvoice2_dit_models(repo: Path, data: Path) -> None:
         ("cosyvoice2_dit_offline", False, "tensorrt_llm_offline"),
     ):
         install_template(
-            TEMPLATES,
-            "cosyvoice2_dit",
-            repo,
-            name,
-            f"llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},bls_instance_num:1,"
-            f"token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
-            f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
-            f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
-            f"audio_tokenizer_model:{PREFIX}audio_tokenizer,token2wav_model:{TOKEN2WAV_DIT},"
-            f"tensorrt_llm_model:{PREFIX}{llm},llm_endpoint:",
+            TEMPLATES, "cosyvoice2_dit", repo, name, dit_bls_values(llm_dir, decoupled, PREFIX + llm)
         )
+
+
+def dit_bls_values(llm_dir: Path, decoupled: bool, llm: str, token2wav: str = TOKEN2WAV_DIT) -> str:
+    """The `cosyvoice2_dit` template's values over the LLM model `llm` and the DiT token2wav `token2wav`."""
+    return (
+        f"llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},bls_instance_num:1,"
+        f"token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
+        f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
+        f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
+        f"audio_tokenizer_model:{PREFIX}audio_tokenizer,token2wav_model:{token2wav},"
+        f"tensorrt_llm_model:{llm},llm_endpoint:"
+    )

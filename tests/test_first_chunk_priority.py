@@ -1,6 +1,7 @@
 """First chunks before LLM steps (tritontts.triton.first_chunk_priority): the shared board across processes, the
-LLM engine's pause on it, and CosyVoice2 on the real tritonserver with the switch on (the same audio as with it
-off, and the engine's held seconds counted)."""
+LLM engine's pause on it, and CosyVoice2 and CosyVoice2-DiT on the real tritonserver with the switch on (the same
+audio as with it off, and the engine's held seconds counted). CosyVoice3's token2wav holds through the same
+`execute_batched` as CosyVoice2's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cosyvoice2_dit_models import (
+    TOKEN2WAV_DIT,
+    build_cosyvoice2_dit_models,
+    dit_bls_values,
+    dit_token2wav_dir,
+)
 from cosyvoice2_models import (
     PREFIX,
     TEMPLATES,
@@ -39,6 +46,11 @@ TOKEN2WAV = PREFIX + "token2wav_priority"
 LLM = PREFIX + "tensorrt_llm_priority"
 BLS, PLAIN_BLS = PREFIX + "priority", PREFIX.rstrip("_")
 SHARED = tuple(PREFIX + m for m in ("audio_tokenizer", "speaker_embedding", "token2wav", "tensorrt_llm"))
+TOKEN2WAV_DIT_PRIORITY, DIT_BLS, PLAIN_DIT_BLS = (
+    PREFIX + "token2wav_dit_priority",
+    "dit_priority",
+    "cosyvoice2_dit",
+)
 
 
 def build_priority_models(repo: Path, data: Path) -> None:
@@ -58,8 +70,31 @@ def build_priority_models(repo: Path, data: Path) -> None:
     install_template(TEMPLATES, "cosyvoice2", repo, BLS, values)
 
 
-TRITON_MODELS = [build_cosyvoice2_models, build_priority_models]
-UNLOAD_AFTER = (BLS, LLM, TOKEN2WAV)
+def build_dit_priority_models(repo: Path, data: Path) -> None:
+    """The CosyVoice2-DiT streaming BLS over a DiT token2wav with `first_chunk_priority` true and the LLM engine of
+    build_priority_models (one repository, one board)."""
+    token2wav_dir = dit_token2wav_dir(data.parent / "build_cosyvoice2_dit_models").resolve()
+    llm_dir = checkpoint_paths(data.parent / "build_cosyvoice2_models").llm_dir.resolve()
+    install_template(
+        TEMPLATES,
+        "token2wav_dit",
+        repo,
+        TOKEN2WAV_DIT_PRIORITY,
+        f"model_dir:{token2wav_dir},{COMMON},device:cpu,dtype:float32,instance_num:1,cuda_graphs:auto,"
+        "max_reference_seconds:30,first_chunk_priority:true",
+    )
+    install_template(
+        TEMPLATES, "cosyvoice2_dit", repo, DIT_BLS, dit_bls_values(llm_dir, True, LLM, TOKEN2WAV_DIT_PRIORITY)
+    )
+
+
+TRITON_MODELS = [
+    build_cosyvoice2_models,
+    build_priority_models,
+    build_cosyvoice2_dit_models,
+    build_dit_priority_models,
+]
+UNLOAD_AFTER = (BLS, LLM, TOKEN2WAV, DIT_BLS, TOKEN2WAV_DIT_PRIORITY)
 
 
 def run_holder(board: Path, hold: bool) -> subprocess.Popen:
@@ -285,4 +320,24 @@ def test_cosyvoice2_with_first_chunk_priority_gives_the_same_audio_and_holds_the
     assert (
         metric_values(server.server, "tritontts_llm_held_seconds").get(f'{{model="{PREFIX}tensorrt_llm"}}')
         == 0.0
+    )
+
+
+def test_the_dit_token2wavs_first_chunks_hold_the_llm_and_leave_the_audio_alone(server, triton, prompt_zh):
+    triton.load(PREFIX + "audio_tokenizer", PREFIX + "tensorrt_llm", TOKEN2WAV_DIT, PLAIN_DIT_BLS)
+    triton.load(TOKEN2WAV_DIT_PRIORITY, DIT_BLS)
+    values = reference_request(
+        load_wav(prompt_zh, 16000)[: 16000 * 3], "身临其境，换新体验。", "吃燕窝就选燕之屋"
+    )
+    held_before = metric_values(server.server, "tritontts_llm_held_seconds").get(f'{{model="{LLM}"}}', 0.0)
+    plain = np.concatenate(stream_waveforms(server.grpc_url, PLAIN_DIT_BLS, values, tokens(100)), axis=None)
+    for _ in range(3):
+        held = np.concatenate(stream_waveforms(server.grpc_url, DIT_BLS, values, tokens(100)), axis=None)
+        assert held.shape == plain.shape
+        np.testing.assert_allclose(held, plain, atol=1e-5)
+    wait_until(
+        lambda: metric_values(server.server, "tritontts_llm_held_seconds"),
+        lambda v: v.get(f'{{model="{LLM}"}}', 0.0) > held_before,
+        f"{LLM}'s held seconds above {held_before} after three DiT streams",
+        timeout=10,
     )
