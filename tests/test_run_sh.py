@@ -93,9 +93,7 @@ def assert_trace_times_each_request(trace: Path) -> None:
     assert len(found) == 5, [t.request_id for t in found]
     for t in found:
         assert t.queue_ms is not None and t.queue_ms >= 0
-        assert (
-            t.first_response_ms is not None and t.first_response_ms <= t.last_response_ms <= t.compute_end_ms
-        )
+        assert t.first_response_ms is not None and t.first_response_ms <= t.last_response_ms
         llm = [c for c in t.children if c.model == "tensorrt_llm"]
         assert len(llm) == 1 and llm[0].start_ms < t.first_response_ms, t.children
     done = subprocess.run(

@@ -65,6 +65,7 @@ RUN_BY = {
     "make_wheelhouse.py": "tests/test_wheelhouse.py::test_stage_minus_one_installs_from_the_wheelhouse_with_no_index",
     "soak.py": "tests/test_bench_scripts_cpu.py::test_soak_collects_the_scenarios_and_scales_every_knob",
     "soak_traffic.py": "tests/test_soak_traffic.py::test_soak_traffic_on_the_tiny_spark_api",
+    "trace_summary.py": "tests/test_triton_trace.py::test_trace_summary_prints_the_slowest_first_and_names_a_missing_file",
     "triton_server.py": "tests/test_triton_infra.py::test_cli_start_status_stop",
 }
 KERNEL_BENCH = "Triton kernels in CUDA graphs timed by CUDA events; {} runs them in Triton's CPU interpreter"
