@@ -8,6 +8,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from waiting import wait_until
+
 from tritontts.triton.stubs import current_stubs
 
 
@@ -30,5 +32,11 @@ def assert_monitor_runs_from_load(triton, model: str, instances: int) -> None:
     stubs = [s for s in current_stubs(triton.server.pid).values() if s.model == model]
     assert len(stubs) == instances
     for stub in stubs:
-        threads = {p.read_text().strip() for p in Path(f"/proc/{stub.pid}/task").glob("*/comm")}
-        assert "callee-monitor" in threads, threads
+        tasks = Path(f"/proc/{stub.pid}/task")
+        # the thread names itself (PR_SET_NAME) when it starts running, which may come a moment after the load
+        wait_until(
+            lambda tasks=tasks: {p.read_text().strip() for p in tasks.glob("*/comm")},
+            lambda threads: "callee-monitor" in threads,
+            f"a thread named callee-monitor in {model}'s stub {stub.pid}",
+            timeout=10,
+        )
