@@ -93,16 +93,16 @@ def _response_stamps(trace: Trace) -> list[int]:
     return trace.stamps.get("GRPC_SEND_START") or trace.stamps.get("INFER_RESPONSE_COMPLETE") or []
 
 
-def timeline(trace: Trace, traces: dict[int, Trace]) -> Timeline:
+def timeline(trace: Trace, children_of_trace: Iterable[Trace]) -> Timeline:
+    """`trace`'s timeline, with the requests its BLS made (`children_of_trace`) grouped by model."""
     origin = trace.first("REQUEST_START")
     if origin is None:
         raise ValueError(f"trace {trace.id} ({trace.model}) has no REQUEST_START")
     queued, computing = trace.first("QUEUE_START"), trace.first("COMPUTE_START")
     responses = _response_stamps(trace)
     by_model: dict[str, list[Trace]] = {}
-    for child in traces.values():
-        if child.parent_id == trace.id:
-            by_model.setdefault(child.model, []).append(child)
+    for child in children_of_trace:
+        by_model.setdefault(child.model, []).append(child)
     children = []
     for model, group in sorted(by_model.items()):
         starts = [c.first("REQUEST_START") for c in group if c.first("REQUEST_START") is not None]
@@ -135,8 +135,12 @@ def timeline(trace: Trace, traces: dict[int, Trace]) -> Timeline:
 
 def timelines(traces: dict[int, Trace], model: str) -> list[Timeline]:
     """The timelines of `model`'s requests that came from clients (not from a BLS), slowest first response first."""
+    children: dict[int, list[Trace]] = {}
+    for trace in traces.values():
+        if trace.parent_id is not None:
+            children.setdefault(trace.parent_id, []).append(trace)
     found = [
-        timeline(t, traces)
+        timeline(t, children.get(t.id, ()))
         for t in traces.values()
         if t.model == model and t.parent_id is None and t.first("REQUEST_START") is not None
     ]
