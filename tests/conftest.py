@@ -19,7 +19,10 @@ A model that fails to load fails only the tests that load it, with the server's 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ from waiting import scaled, wait_until
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tritontts.triton.server import ServerConfig, ServerError, TritonServer, free_ports
+from tritontts.triton.stubs import stubs_serving
 
 TRITON_MODELS_DIR = Path(__file__).parent / "triton_models"
 SERVER_MALLOC_ARENAS = "2"  # run.sh --server_malloc_arena_max's default
@@ -93,19 +97,39 @@ class RunningTriton:
             for name in names:
                 client.unload_model(name)
                 self.loaded.discard(name)
-            wait_until(
-                lambda: [
+
+            def still_there() -> list[str]:
+                return [
                     m["name"]
                     for m in client.get_model_repository_index()
                     if m["name"] in names and m.get("state") in ("READY", "UNLOADING")
-                ],
-                lambda still_there: not still_there,
-                what=f"unloading {', '.join(names)}",
-                timeout=60,
-                interval=0.2,
-            )
+                ]
+
+            try:
+                wait_until(
+                    still_there,
+                    lambda models: not models,
+                    what=f"unloading {', '.join(names)}",
+                    timeout=60,
+                    interval=0.2,
+                )
+            except AssertionError as err:
+                raise AssertionError(f"{err}{self.stuck_stacks(still_there())}") from None
         finally:
             client.close()
+
+    def stuck_stacks(self, models: list[str]) -> str:
+        """Every thread's stack of the stubs of `models` still running (each stub prints them to the server log on
+        SIGUSR1: tritontts.triton.debug), read from what the server log gained."""
+        stubs = [stub for stub in stubs_serving(self.repo) if stub.model in models]
+        log = Path(self.server.config.log_file)
+        size = log.stat().st_size
+        for stub in stubs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stub.pid, signal.SIGUSR1)
+        time.sleep(2)
+        added = log.read_bytes()[size:].decode(errors="replace")
+        return f"\n--- stubs still running: {[s.instance for s in stubs]}; their stacks ---\n{added[-12000:]}"
 
 
 _SESSION_SERVERS: list[RunningTriton] = []  # the session's server once the `triton` fixture started it
