@@ -24,6 +24,7 @@ from waiting import wait_until
 
 from tritontts.audio import load_wav
 from tritontts.streaming import crossfade_concat
+from tritontts.triton.stubs import current_stubs
 
 MONITORED = "spark_tts_monitored"  # a copy of spark_tts_offline that no test sends a request to
 TRITON_MODELS = [build_spark_models, unused_copy("spark_tts_offline", MONITORED)]
@@ -243,3 +244,21 @@ def test_bls_instances_watch_their_callees_from_load(triton, server):
     # the callee monitor's first read of /proc (tens of ms on a busy host) belongs to the load, not to the first
     # request each instance serves
     assert_monitor_runs_from_load(triton, MONITORED, instances=2)  # bls_instance_num
+
+
+def test_the_bls_stubs_serve_without_torch(triton, server, reference):
+    """The BLS only routes arrays (its callees run the models), so its stubs never load torch: its model.py's
+    imports took 43 against 229 MiB (peak RSS) and 0.3 against 1.2 s of CPU on CI's machine without torch."""
+    grpcclient.InferenceServerClient(server.grpc_url).infer(
+        "spark_tts_offline", make_inputs(arrays(reference[:16000]))
+    )
+    assert Stream(server.grpc_url, "spark_tts", arrays(reference[:16000]), ["waveform"]).read().error is None
+    stubs = [
+        s for s in current_stubs(triton.server.pid).values() if s.model in ("spark_tts", "spark_tts_offline")
+    ]
+    assert len(stubs) == 4
+    for stub in stubs:
+        libraries = Path(f"/proc/{stub.pid}/maps").read_text()
+        assert "libtorch" not in libraries, f"{stub.instance} loaded torch"
+    vocoder = next(s for s in current_stubs(triton.server.pid).values() if s.model == "vocoder")
+    assert "libtorch" in Path(f"/proc/{vocoder.pid}/maps").read_text()

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 ZERO_CROSSINGS = 16
 ROLLOFF = 0.94
@@ -45,11 +49,13 @@ def resample(wav: np.ndarray | torch.Tensor, orig_sr: int, target_sr: int) -> np
     """Resample along the last axis; returns the input's type, dtype (and device for tensors).
 
     Output length is `ceil(len * target_sr / orig_sr)`; frequencies above 94% of the lower Nyquist rate are
-    removed (Kaiser window, beta 8.6, 16 zero crossings each side).
+    removed (Kaiser window, beta 8.6, 16 zero crossings each side). Imports no torch: a process that has none
+    (a BLS stub) holds no tensor.
     """
     if orig_sr <= 0 or target_sr <= 0:
         raise ValueError(f"sample rates must be positive, got {orig_sr} and {target_sr}")
-    if isinstance(wav, torch.Tensor):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(wav, torch.Tensor):
         if orig_sr == target_sr:
             return wav.clone()
         out = _resample_numpy(wav.detach().cpu().double().numpy(), orig_sr, target_sr)

@@ -1,6 +1,4 @@
-"""A small PyTorch engine for Qwen2-based TTS LLMs: static KV cache, in-flight batching, CUDA graphs."""
+"""A small PyTorch engine for Qwen2-based TTS LLMs: static KV cache, in-flight batching, CUDA graphs.
 
-from tritontts.llm.engine import LLMEngine
-from tritontts.llm.sequence import FinishReason, SamplingParams, TokenEvent
-
-__all__ = ["FinishReason", "LLMEngine", "SamplingParams", "TokenEvent"]
+The engine is `tritontts.llm.engine.LLMEngine`; `tritontts.llm.sequence` (what a request asks for and gets back)
+imports no torch, so a BLS that only speaks the engine's contract loads without it."""
