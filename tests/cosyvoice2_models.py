@@ -87,15 +87,24 @@ def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: P
     )
     for leaf in ("audio_tokenizer", "speaker_embedding"):
         install_template(templates, leaf, repo, prefix + leaf, front)
+    install_token2wav(templates, repo, prefix + "token2wav", model_dir)
+    for llm, slots in LLM_SLOTS.items():
+        install_llm_engine(repo, prefix + llm, llm_dir, llm == "tensorrt_llm", slots)
+
+
+def install_token2wav(
+    templates: Path, repo: Path, name: str, model_dir: Path, priority: bool = False
+) -> None:
+    """The token2wav of `templates` (CosyVoice2's or CosyVoice3's) as Triton model `name` (CPU, float32;
+    `priority`: its first_chunk_priority)."""
     install_template(
         templates,
         "token2wav",
         repo,
-        prefix + "token2wav",
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false",
+        name,
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,"
+        f"stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:{str(priority).lower()}",
     )
-    for llm, slots in LLM_SLOTS.items():
-        install_llm_engine(repo, prefix + llm, llm_dir, llm == "tensorrt_llm", slots)
 
 
 def install_llm_engine(

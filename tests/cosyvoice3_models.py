@@ -70,7 +70,6 @@ def build_cosyvoice3_models(repo: Path, data: Path) -> None:
         f"model_dir:{model_dir},{COMMON},device:cpu,instance_num:1,max_seconds:{VOCODER_MAX_SECONDS},cuda_graphs:auto",
     )
     install_text_inbox(repo)
-    leaves = ",".join(f"{leaf}_model:{PREFIX}{leaf}" for leaf in LEAVES)
     for name, decoupled in (("speech_llm", True), ("speech_llm_offline", False)):
         install_llm_engine(repo, PREFIX + name, llm_dir, decoupled, 4)
     for name, decoupled, llm, api in (
@@ -80,17 +79,33 @@ def build_cosyvoice3_models(repo: Path, data: Path) -> None:
         (BISTREAM_BLS, True, "speech_llm", ""),
         (BISTREAM_HTTP_BLS, True, "none", f"http://127.0.0.1:{BISTREAM_HTTP_PORT}/v1/chat/completions"),
     ):
-        install_template(
-            TEMPLATES,
-            "cosyvoice3",
-            repo,
-            name,
-            f"model_dir:{model_dir},llm_tokenizer_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},"
-            f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
-            f"dynamic_chunk_strategy:exponential,max_new_tokens:{MAX_NEW_TOKENS},"
-            f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
-            f"{leaves},tensorrt_llm_model:{PREFIX if llm != 'none' else ''}{llm},llm_api_base:{api}",
-        )
+        install_bls(repo, name, root, decoupled, llm, api)
+
+
+def install_bls(
+    repo: Path,
+    name: str,
+    root: Path,
+    decoupled: bool,
+    llm: str,
+    api: str = "",
+    token2wav: str = PREFIX + "token2wav",
+) -> None:
+    """A CosyVoice3 BLS of this repository over the checkpoint at `root`: its LLM is the engine `PREFIX + llm`, or
+    with `llm` "none" the OpenAI-compatible server at `api`; `token2wav` is the token2wav model it calls."""
+    leaves = {leaf: PREFIX + leaf for leaf in LEAVES} | {"token2wav": token2wav}
+    install_template(
+        TEMPLATES,
+        "cosyvoice3",
+        repo,
+        name,
+        f"model_dir:{root / MODEL_DIR},llm_tokenizer_dir:{root / LLM_DIR},{COMMON},decoupled_mode:{decoupled},"
+        f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
+        f"dynamic_chunk_strategy:exponential,max_new_tokens:{MAX_NEW_TOKENS},"
+        f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
+        + ",".join(f"{leaf}_model:{model}" for leaf, model in leaves.items())
+        + f",tensorrt_llm_model:{PREFIX if llm != 'none' else ''}{llm},llm_api_base:{api}",
+    )
 
 
 @contextmanager

@@ -19,12 +19,16 @@ import torch
 import tritonclient.grpc as grpcclient
 from bls_monitor import assert_monitor_runs_from_load, unused_copy
 from conftest import PROMPT_ZH_TEXT
+from cosyvoice2_models import install_llm_engine, install_token2wav
 from cosyvoice3_models import (
     MAX_NEW_TOKENS,
     PRE_LOOKAHEAD_LEN,
     PREFIX,
+    TEMPLATES,
     TOKEN_HOP_LEN,
     build_cosyvoice3_models,
+    checkpoint_root,
+    install_bls,
     openai_llm_server,
 )
 from cosyvoice_triton import (
@@ -37,6 +41,7 @@ from cosyvoice_triton import (
     tokens,
     with_changes,
 )
+from first_chunk_checks import same_audio_and_more_held_seconds
 from tolerance import max_error, server_threads, within
 from triton_stats import assert_counts, inference_count, inference_counts
 from triton_stream import stream_waveforms
@@ -45,10 +50,27 @@ from tritonclient.utils import InferenceServerException
 from tritontts.audio import load_wav
 from tritontts.cosyvoice2.spk2info import DEFAULT_SPEAKER, load_spk2info
 from tritontts.cosyvoice2.token2wav import StreamSchedule
+from tritontts.cosyvoice3.layout import LLM_DIR, MODEL_DIR
 from tritontts.cosyvoice3.wire import token2wav_arrays, vocoder_arrays
 
 UNUSED = "cosyvoice3_unused"  # a copy of cosyvoice3_offline that no test sends a request to
-TRITON_MODELS = [build_cosyvoice3_models, unused_copy("cosyvoice3_offline", UNUSED)]
+PRIORITY_TOKEN2WAV, PRIORITY_LLM, PRIORITY_BLS = (
+    PREFIX + m for m in ("token2wav_priority", "tensorrt_llm_priority", "priority")
+)
+
+
+def build_priority_models(repo: Path, data: Path) -> None:
+    """The streaming BLS over a token2wav and an LLM engine with `first_chunk_priority` true."""
+    root = checkpoint_root(data.parent / build_cosyvoice3_models.__name__).resolve()
+    install_token2wav(TEMPLATES, repo, PRIORITY_TOKEN2WAV, root / MODEL_DIR, priority=True)
+    install_llm_engine(repo, PRIORITY_LLM, root / LLM_DIR, True, 4, priority=True)
+    install_bls(
+        repo, PRIORITY_BLS, root, True, PRIORITY_LLM.removeprefix(PREFIX), token2wav=PRIORITY_TOKEN2WAV
+    )
+
+
+TRITON_MODELS = [build_cosyvoice3_models, unused_copy("cosyvoice3_offline", UNUSED), build_priority_models]
+UNLOAD_AFTER = (PRIORITY_BLS, PRIORITY_TOKEN2WAV, PRIORITY_LLM)
 OFFLINE, STREAMING, HTTP_LLM = "cosyvoice3_offline", "cosyvoice3", "cosyvoice3_http"
 TOKENIZER, EMBEDDING, TOKEN2WAV, VOCODER = (
     PREFIX + m for m in ("audio_tokenizer", "speaker_embedding", "token2wav", "vocoder")
@@ -285,3 +307,9 @@ def test_bad_leaf_calls_name_the_field(server, case):
 
 def test_bls_instances_watch_their_callees_from_load(triton, server):
     assert_monitor_runs_from_load(triton, UNUSED, instances=1)  # bls_instance_num
+
+
+def test_first_chunk_priority_gives_the_same_audio_and_holds_the_llm(triton, server, reference):
+    """CosyVoice3's token2wav marks the first-chunk board as CosyVoice2's does (tests/test_first_chunk_priority.py)."""
+    triton.load(PRIORITY_TOKEN2WAV, PRIORITY_LLM, PRIORITY_BLS)
+    same_audio_and_more_held_seconds(server, STREAMING, PRIORITY_BLS, PRIORITY_LLM, request(reference))

@@ -1,7 +1,6 @@
 """First chunks before LLM steps (tritontts.triton.first_chunk_priority): the shared board across processes, the
 LLM engine's pause on it, and CosyVoice2 and CosyVoice2-DiT on the real tritonserver with the switch on (the same
-audio as with it off, and the engine's held seconds counted). CosyVoice3's token2wav holds through the same
-`execute_batched` as CosyVoice2's."""
+audio as with it off, and the engine's held seconds counted); CosyVoice3's is in test_cosyvoice3_triton.py."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from cosyvoice2_dit_models import (
@@ -29,12 +27,12 @@ from cosyvoice2_models import (
     checkpoint_paths,
     install_llm_engine,
     install_template,
+    install_token2wav,
 )
-from cosyvoice_triton import reference_request, tokens
-from reliability_models import metric_values
+from cosyvoice_triton import reference_request
+from first_chunk_checks import held_seconds, same_audio_and_more_held_seconds
 from spark_models import COMMON
 from triton_interpreter import tiny_model
-from triton_stream import stream_waveforms
 from waiting import wait_until
 
 from tritontts.audio import load_wav
@@ -57,14 +55,7 @@ def build_priority_models(repo: Path, data: Path) -> None:
     """CosyVoice2's streaming BLS over a token2wav and an LLM engine with `first_chunk_priority` true."""
     paths = checkpoint_paths(data.parent / "build_cosyvoice2_models")
     model_dir, llm_dir = paths.model_dir.resolve(), paths.llm_dir.resolve()
-    install_template(
-        TEMPLATES,
-        "token2wav",
-        repo,
-        TOKEN2WAV,
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,"
-        "stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:true",
-    )
+    install_token2wav(TEMPLATES, repo, TOKEN2WAV, model_dir, priority=True)
     install_llm_engine(repo, LLM, llm_dir, True, 4, priority=True)
     values = bls_values(model_dir, llm_dir, True, LLM.removeprefix(PREFIX), token2wav=TOKEN2WAV)
     install_template(TEMPLATES, "cosyvoice2", repo, BLS, values)
@@ -303,38 +294,13 @@ def server(triton):
     return triton.load(*SHARED, PLAIN_BLS, TOKEN2WAV, LLM, BLS)
 
 
-def same_audio_and_more_held_seconds(
-    server, plain_bls: str, bls: str, values: dict, held_before: float
-) -> None:
-    """Three streams of `bls` (its token2wav and LLM with first-chunk priority) give `plain_bls`'s audio within
-    1e-5, and the priority LLM's held seconds rise above `held_before`."""
-    plain = np.concatenate(stream_waveforms(server.grpc_url, plain_bls, values, tokens(100)), axis=None)
-    for _ in range(3):
-        held = np.concatenate(stream_waveforms(server.grpc_url, bls, values, tokens(100)), axis=None)
-        assert held.shape == plain.shape
-        np.testing.assert_allclose(held, plain, atol=1e-5)
-    wait_until(
-        lambda: metric_values(server.server, "tritontts_llm_held_seconds"),
-        lambda v: v.get(f'{{model="{LLM}"}}', 0.0) > held_before,
-        f"{LLM}'s held seconds above {held_before} after three streams of {bls}",
-        timeout=10,
-    )
-
-
-def held_seconds(server) -> float:
-    return metric_values(server.server, "tritontts_llm_held_seconds").get(f'{{model="{LLM}"}}', 0.0)
-
-
 def test_cosyvoice2_with_first_chunk_priority_gives_the_same_audio_and_holds_the_llm(server, prompt_zh):
     wav = load_wav(prompt_zh, 16000)[: 16000 * 3]
     values = reference_request(wav, "身临其境，换新体验。", "吃燕窝就选燕之屋")
     board = board_path(server.repo / TOKEN2WAV, torch.device("cpu"))
     assert board.exists()
-    same_audio_and_more_held_seconds(server, PLAIN_BLS, BLS, values, held_before=0.0)
-    assert (
-        metric_values(server.server, "tritontts_llm_held_seconds").get(f'{{model="{PREFIX}tensorrt_llm"}}')
-        == 0.0
-    )
+    same_audio_and_more_held_seconds(server, PLAIN_BLS, BLS, LLM, values)
+    assert held_seconds(server, PREFIX + "tensorrt_llm") == 0.0
 
 
 def test_the_dit_token2wavs_first_chunks_hold_the_llm_and_leave_the_audio_alone(server, triton, prompt_zh):
@@ -343,4 +309,4 @@ def test_the_dit_token2wavs_first_chunks_hold_the_llm_and_leave_the_audio_alone(
     values = reference_request(
         load_wav(prompt_zh, 16000)[: 16000 * 3], "身临其境，换新体验。", "吃燕窝就选燕之屋"
     )
-    same_audio_and_more_held_seconds(server, PLAIN_DIT_BLS, DIT_BLS, values, held_before=held_seconds(server))
+    same_audio_and_more_held_seconds(server, PLAIN_DIT_BLS, DIT_BLS, LLM, values)
