@@ -18,6 +18,7 @@ import pytest
 from test_disaggregated import environ, free_base
 
 from tritontts.bench.dataset import Utterance, load_utterances
+from tritontts.bench.triton_trace import read_traces, timelines, trace_files
 from tritontts.triton.disaggregated.processes import ProcessRef
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +115,8 @@ def test_run_sh_gpus_serves_one_pipeline_per_gpu_and_spreads_the_requests(
     bases = [f"--disagg_{kind}_base_port={free_base(2, taken)}" for kind in ("http", "grpc", "metrics")]
     exp = tmp_path / "exp"
     serve = ["--model_source", str(spark_tiny_dir), "--gpus", "0,1", "--bls_instance_num", "2", *bases]
+    tracing = "--trace-config rate=1 --trace-config level=TIMESTAMPS"
+    serve += ["--server_extra_args", f"--trace-config triton,file={tmp_path}/trace_{{server}}.json {tracing}"]
     state = exp / "spark_tts" / "data_parallel" / "state.json"
     try:
         done = _run_sh("2", "3", "offline", *serve, exp=exp)
@@ -137,6 +140,11 @@ def test_run_sh_gpus_serves_one_pipeline_per_gpu_and_spreads_the_requests(
     (level,) = summary["per_server"]
     by_server = {row["server"]: row["requests"] for row in level["servers"]}
     assert by_server.pop("all") == 6 and len(by_server) == 2 and all(n > 0 for n in by_server.values())
+    traced = [  # --server_extra_args reached both servers, each with a trace file of its own name
+        len(timelines(read_traces(trace_files(tmp_path / f"trace_triton_{index}.json")), "spark_tts"))
+        for index in range(2)
+    ]
+    assert sorted(traced) == sorted(by_server.values()), traced
 
 
 def test_a_negative_request_count_is_refused_naming_the_option():

@@ -1,7 +1,8 @@
 """Disaggregated serving on one CPU machine through run.sh: stage 7 starts the LLM behind
 `python -m tritontts.llm.openai_server` and two tritonservers (one per "GPU" of `--token2wav_gpus 0,1`) whose
 CosyVoice2 BLS reaches the LLM over HTTP through `llm_endpoint`; stage 8 spreads 4 streaming tasks over both;
-`run.sh stop` ends all of it. CUDA_VISIBLE_DEVICES is set per process but means nothing here. Each server has
+`run.sh stop` ends all of it. `--server_extra_args` gives each tritonserver a trace file named after it.
+CUDA_VISIBLE_DEVICES is set per process but means nothing here. Each server has
 two BLS instances, one for each of the two tasks it gets at once.
 
 The cached speaker speaks (`--use_spk2info_cache true`, the 3 s default voice): a reference audio per request
@@ -25,6 +26,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tritontts.bench.dataset import load_utterances
 from tritontts.bench.durations import expected_tokens
+from tritontts.bench.triton_trace import read_traces, timelines, trace_files
 from tritontts.triton.disaggregated.processes import ProcessRef
 from tritontts.triton.server import free_ports
 
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_TOKEN, SAMPLE_RATE, TOKEN_RATE = 960, 24000, 25
 TASKS = 4
 SERVERS = 2
+TRACE_EVERY_REQUEST = "--trace-config rate=1 --trace-config level=TIMESTAMPS"
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +99,10 @@ def test_run_sh_stages_7_8_stream_over_two_token2wav_servers(tmp_path, bench_dat
         *("--llm_server_max_batch_size", str(TASKS), "--llm_max_seq_len", "1024", "--bls_instance_num", "2"),
         *("--num_tasks", str(TASKS), "--realistic_lengths", "true", "--use_spk2info_cache", "true"),
         *("--dataset", str(bench_data), "--server_timeout", "180"),
+        *(
+            "--server_extra_args",
+            f"--trace-config triton,file={exp}/trace_{{server}}.json {TRACE_EVERY_REQUEST}",
+        ),
     ]
     home = exp / "cosyvoice2"
     state_file = home / "disagg" / "state.json"
@@ -149,6 +156,9 @@ def test_run_sh_stages_7_8_stream_over_two_token2wav_servers(tmp_path, bench_dat
     assert total["concurrent_tasks_per_gpu"] == pytest.approx(TASKS / 2)
     assert total["first_chunk_latency"]["avg"] > 0
     assert "concurrent_tasks_per_gpu" in (log_dir / "summary.md").read_text()
+    for index, row in enumerate(by_server):  # --server_extra_args reached each server, with its own name
+        traced = timelines(read_traces(trace_files(exp / f"trace_token2wav_{index}.json")), "cosyvoice2")
+        assert len(traced) == row["requests"], [t.request_id for t in traced]
 
     rows = {utt.id: utt for utt in load_utterances(str(bench_data), "wenetspeech4tts")}
     for record in run["records"]:
