@@ -19,10 +19,8 @@ A model that fails to load fails only the tests that load it, with the server's 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from pathlib import Path
 import pytest
 from leftover_stubs import kill_leftover_stubs
 from tolerance import SERVER_TORCH_THREADS
+from triton_stubs import signal_and_read_log
 from waiting import scaled, wait_until
 
 # Every tritonserver, stub and run.sh the tests start inherits this: OpenMP threads that sleep when idle instead of
@@ -120,15 +119,19 @@ class RunningTriton:
 
     def stuck_stacks(self, models: list[str]) -> str:
         """Every thread's stack of the stubs of `models` still running (each stub prints them to the server log on
-        SIGUSR1: tritontts.triton.debug), read from what the server log gained."""
+        SIGUSR1: tritontts.triton.debug, a "(most recent call first)" line a thread), read from what the log gained."""
         stubs = [stub for stub in stubs_serving(self.repo) if stub.model in models]
-        log = Path(self.server.config.log_file)
-        size = log.stat().st_size
-        for stub in stubs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(stub.pid, signal.SIGUSR1)
-        time.sleep(2)
-        added = log.read_bytes()[size:].decode(errors="replace")
+        try:
+            added = signal_and_read_log(
+                self.server,
+                [stub.pid for stub in stubs],
+                signal.SIGUSR1,
+                lambda added: added.count("most recent call first") >= len(stubs),
+                "a stack from each stub still running",
+                timeout=10,
+            )
+        except AssertionError as err:
+            added = str(err)
         return f"\n--- stubs still running: {[s.instance for s in stubs]}; their stacks ---\n{added[-12000:]}"
 
 
