@@ -107,6 +107,7 @@ def test_flat_is_growth_within_the_tolerance_from_the_first_window_to_the_last()
     assert verdicts["zero_errors"] and verdicts["zero_stub_deaths"]
     assert verdicts["first_chunk_p99_flat"] is True  # 240 <= 200 x 1.25: the middle window does not count
     assert verdicts["gpu_memory_flat"] is True and verdicts["host_rss_flat"] is True
+    assert verdicts["gpu_memory_flat_each_process"] is True and verdicts["memory_not_flat"] == []
     assert verdicts["no_fault_at_unload"] is None and "tolerance" in verdicts["rule"]
     assert totals["first_chunk_p99_ms"] == {
         "first": 200,
@@ -123,8 +124,11 @@ def test_flat_is_growth_within_the_tolerance_from_the_first_window_to_the_last()
     assert not verdicts["zero_errors"] and not verdicts["zero_stub_deaths"]
     assert verdicts["first_chunk_p99_flat"] is False  # the last window with a p99 is window 1
     assert verdicts["gpu_memory_flat"] is False and verdicts["host_rss_flat"] is False
+    assert verdicts["gpu_memory_flat_each_process"] is False
+    assert verdicts["memory_not_flat"] == ["GPU tritonserver:1: +6.0%", "host tritonserver:1: +10.0%"]
     _, verdicts = totals_and_verdicts(series_of([200, 200], [None, None], [100, 100]), 0, 0, 3)
     assert verdicts["gpu_memory_flat"] is None and verdicts["zero_stub_deaths"] is False  # 3 log faults
+    assert verdicts["gpu_memory_flat_each_process"] is None
 
 
 def test_scan_log_counts_stub_faults_from_an_offset(tmp_path: Path):

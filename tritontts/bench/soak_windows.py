@@ -181,8 +181,9 @@ def totals_and_verdicts(
     p99_tolerance: float = 0.25,
 ) -> tuple[dict, dict]:
     """The run's totals (growth of every process's memory and of the first-chunk p99, first window to last) and
-    its verdicts: 0 errors, 0 stub deaths, GPU memory flat, first-chunk p99 flat (True, False, or None when not
-    measured). No fault at unload is judged after the servers stop (scripts/soak_traffic.py --after-stop)."""
+    its verdicts: 0 errors, 0 stub deaths, GPU memory flat (in total and in each process), host memory flat in each
+    process, first-chunk p99 flat (True, False, or None when not measured), and the processes whose memory grew
+    past the tolerance. No fault at unload is judged after the servers stop (scripts/soak_traffic.py --after-stop)."""
     labels = sorted({label for w in series for label in w["rss_mib"]})
     gpu_labels = sorted({label for w in series for label in w["gpu_mib"]})
 
@@ -211,6 +212,13 @@ def totals_and_verdicts(
         "first_chunk_p99_ms": p99,
     }
     rss_flat = [flat(c["first"], c["last"], memory_tolerance) for c in rss.values()]
+    gpu_flat = [flat(c["first"], c["last"], memory_tolerance) for c in gpu.values()]
+    grown = [
+        f"{kind} {label}: {100 * c['growth']:+.1f}%"
+        for kind, changes in (("GPU", gpu), ("host", rss))
+        for label, c in changes.items()
+        if flat(c["first"], c["last"], memory_tolerance) is False
+    ]
     verdicts = {
         "rule": f"flat: last window <= first window x (1 + tolerance); memory tolerance {memory_tolerance}, "
         f"first-chunk p99 tolerance {p99_tolerance}; None: not measured",
@@ -220,7 +228,9 @@ def totals_and_verdicts(
         "zero_stub_deaths": stub_deaths == 0 and log_faults == 0,
         "gpu_memory_flat": flat(gpu_total["first"], gpu_total["last"], memory_tolerance),
         "first_chunk_p99_flat": flat(p99["first"], p99["last"], p99_tolerance),
+        "gpu_memory_flat_each_process": None if not gpu_flat or None in gpu_flat else all(gpu_flat),
         "host_rss_flat": None if not rss_flat or None in rss_flat else all(rss_flat),
+        "memory_not_flat": grown,
         "no_fault_at_unload": None,
     }
     return totals, verdicts
