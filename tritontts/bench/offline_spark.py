@@ -87,7 +87,7 @@ class SparkPipeline:
 
 
 def decoding_of(prompter: SparkPrompter) -> Decoding:
-    return Decoding(end_id=prompter.end_id, pad_id=prompter.pad_id)
+    return Decoding(end_id=prompter.end_id, pad_id=prompter.pad_id, output_tokens_from="<|endoftext|>")
 
 
 def create_pipeline(
