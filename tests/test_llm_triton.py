@@ -28,8 +28,12 @@ def server(triton):
 
 @pytest.fixture(scope="module")
 def engine(spark_tiny_dir):
-    return LLMEngine.from_pretrained(
-        spark_tiny_dir / "LLM", device="cpu", max_batch_size=4, cuda_graphs=False
+    return LLMEngine.from_pretrained(  # the output window of the served LLM (spark_models, run.sh's auto)
+        spark_tiny_dir / "LLM",
+        device="cpu",
+        max_batch_size=4,
+        cuda_graphs=False,
+        output_tokens_from="<|endoftext|>",
     )
 
 
@@ -97,8 +101,9 @@ def test_a_fixed_stream_interval_sends_three_tokens_per_response(server, engine)
 
 
 def test_a_cancelled_request_frees_its_slot_at_once(server, engine):
-    long = [
-        Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, s), 150, s), OUTPUTS) for s in (21, 22, 23)
+    long = [  # min_tokens: no long request may end early and free its slot for the late one
+        Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, s), 150, s, min_tokens=150), OUTPUTS)
+        for s in (21, 22, 23)
     ]
     cancelled = Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, 24), 150, 24), OUTPUTS)
     assert len(long) + 1 == LLM_SLOTS
@@ -112,7 +117,7 @@ def test_a_cancelled_request_frees_its_slot_at_once(server, engine):
     # Only the cancelled request's slot could have taken the late one while the long ones ran.
     assert late.times[-1] < min(result.times[-1] for result in results)
     for s, result in zip((21, 22, 23), results):
-        assert tokens_of(result) == expected(engine, prompt(10, s), 150, s)
+        assert tokens_of(result) == expected(engine, prompt(10, s), 150, s, min_tokens=150)
 
 
 def test_offline_model_returns_all_tokens_at_once(server, engine):
