@@ -25,6 +25,8 @@ from http_service import start_python
 from spark_models import COMMON, STREAMING, install
 from waiting import scaled, wait_started, wait_until
 
+from tritontts.spark import tokens
+
 REL = "rel_"
 SPARK_STREAM, SPARK_OFFLINE, SPARK_BUSY = REL + "spark_tts", REL + "spark_tts_offline", REL + "spark_tts_busy"
 LLM_STREAM, LLM_OFFLINE = REL + "tensorrt_llm", REL + "tensorrt_llm_offline"
@@ -89,7 +91,8 @@ def build_reliability_models(repo: Path, data: Path) -> None:
             repo,
             name,
             f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:<|endoftext|>,first_chunk_priority:false,audio_tokens_per_s:25,first_chunk_tokens:18",
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,"
+            f"llm_output_tokens_from:{tokens.OUTPUT_WINDOW_FROM},first_chunk_priority:false,audio_tokens_per_s:25,first_chunk_tokens:18",
         )
     _bls(repo, SPARK_STREAM, model_dir, True, LLM_STREAM, BLS_INSTANCES, 64)
     _bls(repo, SPARK_OFFLINE, model_dir, False, LLM_OFFLINE, BLS_INSTANCES, 64)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tritontts.spark import tokens
+
 ROOT = Path(__file__).resolve().parents[1]
 FILL = ROOT / "scripts" / "fill_template.py"
 TEMPLATES = ROOT / "model_repo"
@@ -70,7 +72,7 @@ def build_spark_models(repo: Path, data: Path) -> None:
             name,
             f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
             "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,"
-            f"llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:{interval},llm_output_tokens_from:<|endoftext|>,"
+            f"llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:{interval},llm_output_tokens_from:{tokens.OUTPUT_WINDOW_FROM},"
             "first_chunk_priority:false,audio_tokens_per_s:50,first_chunk_tokens:18",
         )
     for name, decoupled, llm in (

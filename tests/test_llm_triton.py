@@ -13,6 +13,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import SamplingParams
+from tritontts.spark import tokens
 from tritontts.triton.llm_contract import SamplingParams as RequestParams
 from tritontts.triton.llm_contract import generated_tokens, llm_request_inputs
 
@@ -33,7 +34,7 @@ def engine(spark_tiny_dir):
         device="cpu",
         max_batch_size=4,
         cuda_graphs=False,
-        output_tokens_from="<|endoftext|>",
+        output_tokens_from=tokens.OUTPUT_WINDOW_FROM,
     )
 
 

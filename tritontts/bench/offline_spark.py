@@ -15,6 +15,7 @@ from tritontts.bench.offline_pipeline import forced_token_counts
 from tritontts.bench.offline_results import StageNames, StageTimes
 from tritontts.bench.offline_settings import Decoding, OfflineSettings
 from tritontts.bench.offline_timing import synchronize, timed
+from tritontts.spark import tokens
 from tritontts.spark.codec import SparkCodec
 from tritontts.spark.service import SAMPLE_RATE, TOKEN_RATE, SparkPrompter
 
@@ -87,7 +88,9 @@ class SparkPipeline:
 
 
 def decoding_of(prompter: SparkPrompter) -> Decoding:
-    return Decoding(end_id=prompter.end_id, pad_id=prompter.pad_id, output_tokens_from="<|endoftext|>")
+    return Decoding(
+        end_id=prompter.end_id, pad_id=prompter.pad_id, output_tokens_from=tokens.OUTPUT_WINDOW_FROM
+    )
 
 
 def create_pipeline(

@@ -98,6 +98,8 @@ LAST_TOKEN_ID = 165_157
 # assumed: the LLM's end of sequence and padding tokens (Qwen2.5-Instruct's choice).
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
+# the first token the served LLM may output (run.sh --llm_output_tokens_from auto): markers and BiCodec tokens follow
+OUTPUT_WINDOW_FROM = PAD_TOKEN
 
 
 def global_token(index: int) -> str:
