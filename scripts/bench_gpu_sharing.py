@@ -10,7 +10,8 @@ the arm's environment (MPS client priority, MPS active-thread percentage: only M
 script under a running MPS daemon to test them). Meanwhile the parent times the first streamed chunk (15 + 3
 look-ahead tokens after a --prompt-tokens prompt) through `Token2Wav.stream` with the flow decoder, encoder and
 HiFT replayed from CUDA graphs (captured and replayed on a stream of --stream-priority). The child's decode
-steps per second, alone and beside token2wav, say what the LLM pays. Writes one JSON file. `--device cpu --preset
+steps per second, alone and beside token2wav, say what the LLM pays. Writes one JSON file. `--compile` compiles the flow
+estimator inside its graphs, as run.sh's `--token2wav_compile true`. `--device cpu --preset
 tiny` is a dry check of everything but the GPU: tiny models, fp32, no CUDA graphs, the MPS variables unread.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, synchronize
 from tritontts.bench.stats import percentile
 
@@ -102,7 +104,9 @@ def stop_llm(child: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def build_token2wav(prompt_tokens: int, priority: str, device: torch.device, preset: str, convs: str):
+def build_token2wav(
+    prompt_tokens: int, priority: str, device: torch.device, preset: str, convs: str, compile_estimator: bool
+):
     from tritontts.conv_gemm import unpack_convs
     from tritontts.cosyvoice2.token2wav import Token2Wav
     from tritontts.cuda_graphs import FlowGraphConfig
@@ -121,7 +125,8 @@ def build_token2wav(prompt_tokens: int, priority: str, device: torch.device, pre
     if convs == "cudnn":
         unpack_convs(t2w.flow)
     if cuda:
-        t2w.flow.use_cuda_graphs(FlowGraphConfig(batch_sizes=(1,), streaming=(True,)))
+        config = FlowGraphConfig(batch_sizes=(1,), streaming=(True,), compile=compile_estimator)
+        t2w.flow.use_cuda_graphs(config)
         t2w.hift.use_cuda_graphs()
     gen = torch.Generator(device=device).manual_seed(1)
     prompt = torch.randint(0, 6561, (1, prompt_tokens), device=device, generator=gen, dtype=torch.int32)
@@ -172,6 +177,11 @@ def main() -> int:
         default="packed",
         help="cudnn: the flow's convolutions in cuDNN, as before loading packed them (an A/B in one session)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="the flow estimator compiled by torch.compile inside its graphs (run.sh --token2wav_compile true)",
+    )
     parser.add_argument("--out", type=Path, default=Path("gpu_sharing.json"))
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -184,7 +194,9 @@ def main() -> int:
     unknown = [arm for arm in arms if arm not in ARM_ENVIRONMENTS]
     if unknown:
         parser.error(f"--arms: unknown {unknown}")
-    first_chunk = build_token2wav(args.prompt_tokens, args.stream_priority, device, args.preset, args.convs)
+    first_chunk = build_token2wav(
+        args.prompt_tokens, args.stream_priority, device, args.preset, args.convs, args.compile
+    )
     result: dict = {
         "device": device_name(device),
         "torch": torch.__version__,
@@ -194,7 +206,9 @@ def main() -> int:
         "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
         "stream_priority": args.stream_priority,
         "convs": args.convs,
+        "estimator_compiled": args.compile,
         "prompt_tokens": args.prompt_tokens,
+        "kernels_per_chunk": kernels_per_call(first_chunk, device, top=5),
         "arms": {},
     }
     for arm in arms:

@@ -251,6 +251,7 @@ def test_bench_gpu_sharing_cpu_dry_check(tmp_path: Path):
     assert (
         result["preset"] == "tiny" and result["convs"] == "cudnn" and set(result["arms"]) == {"alone", "llm"}
     )
+    assert result["estimator_compiled"] is False and result["kernels_per_chunk"]["per_call"] > 0, result
     for arm in result["arms"].values():
         assert_positive(arm, "first_chunk_ms_min", "first_chunk_ms_median", "first_chunk_ms_p90")
         assert arm["first_chunk_ms_min"] <= arm["first_chunk_ms_median"] <= arm["first_chunk_ms_p90"], arm

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +24,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from waiting import wait_until
 
 from tritontts.audio import load_wav
+from tritontts.bench.server_stages import BLS_COUNT, BLS_SECONDS, scrape, stage_means_ms
+from tritontts.spark.service import FIRST_CHUNK_STAGES
 from tritontts.streaming import crossfade_concat
 from tritontts.triton.stubs import current_stubs
 
@@ -87,6 +90,24 @@ def test_streaming_chunks_follow_the_schedule(server, reference):
     assert result.times[0] < result.times[-1]
     joined = crossfade_concat(chunks, overlap_samples=5 * HOP)
     assert joined.size == MAX_NEW_TOKENS * HOP and np.all(np.isfinite(joined))
+
+
+def test_a_streams_first_chunk_is_timed_stage_by_stage(server, reference):
+    metrics_url = f"http://127.0.0.1:{server.server.config.metrics_port}/metrics"
+    before = scrape(metrics_url)
+    start = time.monotonic()
+    result = Stream(server.grpc_url, "spark_tts", arrays(reference), ["waveform"]).read()
+    assert result.error is None and len(result.outputs) == 2
+    first_chunk_s = result.times[0] - start
+    after = wait_until(
+        lambda: scrape(metrics_url),
+        lambda samples: stage_means_ms(before, samples, BLS_SECONDS, BLS_COUNT, {"model": "spark_tts"}),
+        "the BLS's first-chunk stages",
+    )
+    first = stage_means_ms(before, after, BLS_SECONDS, BLS_COUNT, {"model": "spark_tts"})
+    assert first["count"] == 1 and tuple(first["stages_ms"]) == FIRST_CHUNK_STAGES
+    assert all(ms > 0 for ms in first["stages_ms"].values()), first
+    assert sum(first["stages_ms"].values()) <= 1000 * first_chunk_s
 
 
 def test_eight_concurrent_requests_all_succeed(server, reference):

@@ -33,6 +33,7 @@ from tritontts.spark.prompt import (
     load_llm_tokenizer,
     read_eos_token,
 )
+from tritontts.stage_timer import StageTimer
 from tritontts.streaming import ChunkSchedule, TokenChunker
 from tritontts.triton.llm_contract import SamplingParams
 from tritontts.triton.params import RequestError
@@ -79,6 +80,10 @@ class RequestLimits:
 TokenizeVoice = Callable[[np.ndarray], VoiceTokens]
 Generate = Callable[[np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
 Vocode = Callable[[np.ndarray, np.ndarray], np.ndarray]
+FirstChunkStages = Callable[[dict[str, float]], None]
+FIRST_CHUNK_STAGES = ("frontend", "llm_first_token", "llm_chunk_tokens", "vocoder")
+"""A stream's first chunk: the voice (audio_tokenizer, or the voice cache) and prompt, the LLM until its first
+token, the LLM until the chunk's semantic tokens exist, and the vocoder on them."""
 
 
 def check_text(value: str, field: str, limits: RequestLimits, allow_empty: bool = False) -> str:
@@ -253,20 +258,23 @@ class SparkTTSService:
         return self.tokenize_voice(wav)
 
     def _generate(
-        self, request: SparkRequest, streaming: bool
+        self, request: SparkRequest, streaming: bool, timer: StageTimer | None = None
     ) -> tuple[VoiceTokens | None, Iterator[np.ndarray]]:
-        """The voice (None while voice creation's LLM has yet to make it) and the LLM's token stream."""
+        """The voice (None while voice creation's LLM has yet to make it) and the LLM's token stream; `timer`
+        marks the front end (voice and prompt) before the LLM is asked."""
         sampling = self.sampling
         if request.tokens is not None:
             sampling = replace(
                 sampling, min_tokens=request.tokens.min_tokens, max_tokens=request.tokens.max_tokens
             )
+        voice = None
         if request.control is not None:
-            return None, self.generate(
-                self.prompter.control_prompt_ids(request.target_text, request.control), sampling, streaming
-            )
-        voice = request.voice if request.voice is not None else self.voice(request.reference_wav)
-        prompt = self.prompter.prompt_ids(request.reference_text, request.target_text, voice)
+            prompt = self.prompter.control_prompt_ids(request.target_text, request.control)
+        else:
+            voice = request.voice if request.voice is not None else self.voice(request.reference_wav)
+            prompt = self.prompter.prompt_ids(request.reference_text, request.target_text, voice)
+        if timer is not None:
+            timer.mark("frontend")
         return voice, self.generate(prompt, sampling, streaming)
 
     def _created_globals(self, global_ids: list[int]) -> np.ndarray:
@@ -288,25 +296,44 @@ class SparkTTSService:
             global_tokens = voice.global_tokens
         return self.vocode(global_tokens, np.asarray(semantic, dtype=np.int32))
 
-    def stream(self, request: SparkRequest) -> Iterator[np.ndarray]:
+    def stream(
+        self, request: SparkRequest, on_first_chunk: FirstChunkStages | None = None
+    ) -> Iterator[np.ndarray]:
         """Audio chunks that overlap by the schedule's overlap, for the client to cross-fade.
 
+        `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` before the first chunk is yielded.
         Closing this generator early (a cancelled request) closes the LLM stream, which cancels generation.
         """
-        voice, stream = self._generate(request, streaming=True)
+        timer = StageTimer()
+        voice, stream = self._generate(request, streaming=True, timer=timer)
         global_tokens = None if voice is None else voice.global_tokens
         created: list[int] = []  # voice creation: global tokens so far; chunks wait until there are 32
         pending: list[list[int]] = []
         chunker = TokenChunker(self.schedule)
+        vocoded = 0
+
+        def vocode(chunk: list[int]) -> np.ndarray:
+            nonlocal vocoded
+            if vocoded == 0:
+                timer.mark("llm_chunk_tokens")
+            audio = self.vocode(global_tokens, np.asarray(chunk, dtype=np.int32))
+            if vocoded == 0 and on_first_chunk is not None:
+                timer.mark("vocoder")
+                on_first_chunk(timer.stages)
+            vocoded += 1
+            return audio
+
         try:
             for ids in stream:
+                if "llm_first_token" not in timer.stages:
+                    timer.mark("llm_first_token")
                 if global_tokens is None:
                     created += self.prompter.ids.global_ids(ids.tolist())
                     if len(created) >= GLOBAL_TOKEN_COUNT:
                         global_tokens = self._created_globals(created)
                 pending += chunker.push(self.prompter.ids.semantic_ids(ids.tolist()))
                 while pending and global_tokens is not None:
-                    yield self.vocode(global_tokens, np.asarray(pending.pop(0), dtype=np.int32))
+                    yield vocode(pending.pop(0))
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
@@ -317,4 +344,4 @@ class SparkTTSService:
         if global_tokens is None:
             global_tokens = self._created_globals(created)
         for chunk in [*pending, *([last] if last else [])]:
-            yield self.vocode(global_tokens, np.asarray(chunk, dtype=np.int32))
+            yield vocode(chunk)

@@ -32,6 +32,7 @@ from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.llm_contract import SamplingParams
+from tritontts.triton.metrics import StageSeconds, release_metrics
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
@@ -97,6 +98,13 @@ class TritonPythonModel:
             role: model_param(config, f"{role}_model", default=role)
             for role in ("audio_tokenizer", "tensorrt_llm", "vocoder")
         }
+        self.first_chunks = StageSeconds(
+            pb_utils,
+            args["model_name"],
+            "tritontts_first_chunk_seconds_total",
+            "tritontts_first_chunks_total",
+            "streams' first chunks in the BLS",
+        )
         self.runner = RequestRunner(model_param(config, "max_concurrent_requests", int, default=1))
         callee_monitor()  # its first read of /proc at load, not in the first request this instance serves
 
@@ -179,12 +187,15 @@ class TritonPythonModel:
         if profile:
             answer_profile(pb_utils, request, True, lambda: self._profile(request))
             return
-        serve_stream(pb_utils, request, lambda: self.service.stream(self._parse(request)))
+        serve_stream(
+            pb_utils, request, lambda: self.service.stream(self._parse(request), self.first_chunks.add)
+        )
 
     def execute(self, requests):
         return self.runner.execute(requests, self.decoupled, self._stream, self._offline)
 
     def finalize(self):
         self.runner.close()
+        release_metrics(self.first_chunks)
         release_held()
         end_stub_process()
