@@ -457,7 +457,8 @@ prepare_benchmark() {
   [ "$num_requests" -gt 0 ] && bench_extra+=(--num-requests "$num_requests")
   [ "$use_spk2info_cache" = true ] && bench_extra+=(--use-spk2info-cache true)
   if [ "$dataset" = "$default_dataset" ] && [ ! -e "$dataset" ]; then
-    "$python" scripts/make_benchmark_data.py --output-dir "$dataset"
+    "$python" scripts/make_benchmark_data.py --output-dir "$dataset" --prompt-wav "$reference_audio" \
+      --prompt-text "$reference_text" --split-name "$split_name"
   fi
 }
 

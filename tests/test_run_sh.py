@@ -86,6 +86,29 @@ def test_stages_leave_wavs_and_a_summary(exp, bench_data, mode, stages):
     )
 
 
+def test_stage_4_writes_its_default_dataset_from_the_reference_audio(tmp_path, prompt_zh):
+    samples, rate = soundfile.read(prompt_zh, dtype="float32")
+    reference = tmp_path / "elsewhere" / "voice.wav"
+    reference.parent.mkdir()
+    soundfile.write(reference, samples[: 2 * rate], rate)
+    (dead_grpc,) = free_ports(1)
+    command = ["bash", "run.sh", "4", "4", "--exp_dir", str(tmp_path / "exp"), "--python", sys.executable]
+    command += [
+        "--reference_audio",
+        str(reference),
+        "--reference_text",
+        "两秒",
+        "--grpc_port",
+        str(dead_grpc),
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=python_env())
+    assert done.returncode != 0  # no server answers; the dataset is written before the client runs
+    rows = (tmp_path / "exp" / "benchmark_data" / "manifest.txt").read_text().splitlines()
+    row = next(line.split("|") for line in rows if line.split("|")[0].endswith("_zh"))
+    assert row[1] == "两秒"
+    assert soundfile.info(tmp_path / "exp" / "benchmark_data" / row[2]).frames == 2 * rate
+
+
 def assert_trace_times_each_request(trace: Path) -> None:
     """--server_extra_args reached tritonserver: its trace times each streamed request of the BLS (4 of stage
     4, 1 of stage 5) and the requests it made of the LLM, and trace_summary.py reads it."""
