@@ -101,8 +101,6 @@ audio_chunk_size_scale_factor=8.0
 audio_chunk_overlap_duration=0.1
 max_new_tokens=auto                 # LLM tokens per request at most; auto: 1500 for spark_tts, 750 for cosyvoice2 (as upstream)
 max_text_length=1000
-chunk_pacing=true                   # CosyVoice families, streaming: a stream's later token2wav calls wait while other streams' first chunks are asked for, as long as its listener has more than chunk_pacing_margin_s of audio in hand (docs/gpu-hosts.md#first-chunks-before-later-chunks)
-chunk_pacing_margin_s=0.5           # the audio a listener keeps in hand while its later chunk waits
 text_normalization=false            # BLS: normalize target and reference text (wetext, inflect; docs/text.md) for clients that call Triton directly; the speech API normalizes on its own (its field text_normalization, on by default)
 max_reference_seconds=30
 
@@ -217,8 +215,6 @@ case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --
 case "$llm_decode_attention" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_attention must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$llm_decode_linear" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_linear must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$text_normalization" in true|false) ;; *) echo "run.sh: --text_normalization must be true or false" >&2; exit 2 ;; esac
-case "$chunk_pacing" in true|false) ;; *) echo "run.sh: --chunk_pacing must be true or false" >&2; exit 2 ;; esac
-[[ "$chunk_pacing_margin_s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "run.sh: --chunk_pacing_margin_s must be a number of seconds, at least 0" >&2; exit 2; }
 audio_tokens_per_s=25   # speech tokens per second of audio: CosyVoice 25, BiCodec's semantic tokens 50
 llm_first_chunk_priority=$first_chunk_priority   # Spark-TTS has no token2wav to make way for
 [ "$model" != spark_tts ] || { audio_tokens_per_s=50; llm_first_chunk_priority=false; }
@@ -405,7 +401,7 @@ write_cosyvoice2_models() {
   local bls_dir=""
   [ "$bls_model" = cosyvoice2_dit ] || bls_dir="model_dir:${abs_t2w_dir},"   # the DiT BLS has no cached speaker
   fill "$repo/$bls_model/config.pbtxt" \
-    "${bls_dir}llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},chunk_pacing:${chunk_pacing},chunk_pacing_margin_s:${chunk_pacing_margin_s},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
+    "${bls_dir}llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},${leaves}tensorrt_llm_model:${llm_model},llm_endpoint:${endpoint}"
 }
 
 # CosyVoice3's five models into repository $1 (audio_tokenizer and speaker_embedding are CosyVoice2's model.py,
@@ -429,7 +425,7 @@ write_cosyvoice3_models() {
   [ -z "$endpoint" ] || llm_model=none
   [ "$mode" != streaming ] || cp -r "$text_inbox_template" "$repo/"
   fill "$repo/cosyvoice3/config.pbtxt" \
-    "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},chunk_pacing:${chunk_pacing},chunk_pacing_margin_s:${chunk_pacing_margin_s},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"
+    "model_dir:${abs_t2w_dir},llm_tokenizer_dir:${abs_llm_dir},bls_instance_num:${bls_instance_num},${common},decoupled_mode:${decoupled},token_hop_len:${token_hop_len},pre_lookahead_len:${pre_lookahead_len},dynamic_chunk_strategy:${dynamic_chunk_strategy},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds},audio_tokenizer_model:audio_tokenizer,speaker_embedding_model:speaker_embedding,token2wav_model:token2wav,vocoder_model:vocoder,tensorrt_llm_model:${llm_model},llm_api_base:${endpoint}"
 }
 
 # The BLS of --model and its leaf models into repository $1, the LLM at URL $2 or (empty) inside Triton; each

@@ -57,7 +57,6 @@ def dit_bls_values(llm_dir: Path, decoupled: bool, llm: str, token2wav: str = TO
         f"token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
         f"dynamic_chunk_strategy:{CHUNK_STRATEGY},max_new_tokens:{MAX_NEW_TOKENS},"
         f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
-        "chunk_pacing:true,chunk_pacing_margin_s:0.5,"
         f"audio_tokenizer_model:{PREFIX}audio_tokenizer,token2wav_model:{token2wav},"
         f"tensorrt_llm_model:{llm},llm_endpoint:"
     )

@@ -140,7 +140,6 @@ def bls_values(
         f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
         f"dynamic_chunk_strategy:{strategy},max_new_tokens:{MAX_NEW_TOKENS},"
         f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
-        "chunk_pacing:true,chunk_pacing_margin_s:0.5,"
         + ",".join(f"{role}_model:{name}" for role, name in leaves.items())
         + f",tensorrt_llm_model:{'none' if endpoint else PREFIX + llm},llm_endpoint:{endpoint}"
     )

@@ -103,7 +103,6 @@ def install_bls(
         f"bls_instance_num:1,token_hop_len:{TOKEN_HOP_LEN},pre_lookahead_len:{PRE_LOOKAHEAD_LEN},"
         f"dynamic_chunk_strategy:exponential,max_new_tokens:{MAX_NEW_TOKENS},"
         f"max_text_length:{MAX_TEXT_LENGTH},text_normalization:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},"
-        "chunk_pacing:true,chunk_pacing_margin_s:0.5,"
         + ",".join(f"{leaf}_model:{model}" for leaf, model in leaves.items())
         + f",tensorrt_llm_model:{PREFIX if llm != 'none' else ''}{llm},llm_api_base:{api}",
     )

@@ -28,9 +28,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -76,16 +74,6 @@ Token2WavCall = Callable[[np.ndarray, Voice, "int | None", "bool | None", str], 
 FirstChunkStages = Callable[[dict[str, float]], None]
 EndStream = Callable[[Voice, int, str], None]
 """Ends a token2wav stream cut short after its first chunk (voice, token offset, request id): frees its state."""
-
-
-class Pacer(Protocol):
-    """Orders token2wav calls across streams (tritontts.triton.chunk_pacing.ChunkPacer)."""
-
-    def first_chunk(self) -> AbstractContextManager: ...
-
-    def wait_turn(self, audio_in_hand_s: float) -> float: ...
-
-
 FIRST_CHUNK_STAGES = ("frontend", "llm_first_token", "llm_chunk_tokens", "token2wav")
 """A stream's first chunk: the voice (front-end models, or the voice cache), the LLM until its first token, the LLM
 until the chunk's tokens (hop + look-ahead) exist, and token2wav on them."""
@@ -121,10 +109,8 @@ class CosyVoice2Service:
         voice_store: SharedVoiceStore[Voice] | None = None,
         complete: Complete | None = None,
         end_stream: EndStream | None = None,
-        pacer: Pacer | None = None,
     ) -> None:
         self.prompter = prompter
-        self.pacer = pacer
         self.end_stream = end_stream
         self.complete = complete
         self.tokenize = tokenize
@@ -295,7 +281,6 @@ class CosyVoice2Service:
         tokens: list[int] = []
         offset, index, hop = 0, 0, self.schedule.token_hop_len
         next_offset: int | None = None  # token2wav holds this stream's state; its next call's token offset
-        first_out: float | None = None  # when the first chunk went to the listener
         try:
             for piece in speech:
                 if index == 0 and "llm_first_token" not in timer.stages:
@@ -306,14 +291,11 @@ class CosyVoice2Service:
                     chunk = np.asarray(tokens[:end], dtype=np.int32)
                     if index == 0:
                         timer.mark("llm_chunk_tokens")
-                    with self._turn(offset, first_out):
-                        audio = self.token2wav(chunk, voice, offset, False, request_id)
+                    audio = self.token2wav(chunk, voice, offset, False, request_id)
                     next_offset = offset + hop
                     if index == 0 and on_first_chunk is not None:
                         timer.mark("token2wav")
                         on_first_chunk(timer.stages)
-                    if first_out is None:
-                        first_out = time.monotonic()
                     yield audio
                     offset += hop
                     hop = self.schedule.next_hop(index, offset, len(tokens), time.monotonic() - started)
@@ -328,17 +310,4 @@ class CosyVoice2Service:
                 close()
         if not tokens:
             raise RuntimeError("the LLM generated no speech tokens")
-        with self._turn(offset, first_out):
-            last = self.token2wav(np.asarray(tokens, dtype=np.int32), voice, offset, True, request_id)
-        yield last
-
-    def _turn(self, offset: int, first_out: float | None) -> AbstractContextManager:
-        """With a pacer, a stream's first token2wav call is marked pending, and a later one first waits its turn
-        while the audio sent (`offset` tokens since `first_out`) lasts."""
-        if self.pacer is None:
-            return nullcontext()
-        if first_out is None:
-            return self.pacer.first_chunk()
-        sent_s = offset / self.schedule.token_frame_rate
-        self.pacer.wait_turn(sent_s - (time.monotonic() - first_out))
-        return nullcontext()
+        yield self.token2wav(np.asarray(tokens, dtype=np.int32), voice, offset, True, request_id)

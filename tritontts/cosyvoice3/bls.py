@@ -85,7 +85,6 @@ class CosyVoice3Bls(CosyVoiceBlsBase):
             prompt_mel=load_cosyvoice3_config(model_dir).prompt_mel,
             voice_store=self.voice_store,
             complete=None if self.llm_http is None else self._complete,
-            pacer=self.pacer,
         )
         self.streams: dict[str, _Stream] = {}
         self.lock = threading.Lock()

@@ -13,7 +13,7 @@ import torch
 from tritontts.cuda_graphs import FlowGraphConfig, flow_graph_config
 from tritontts.devices import resolve_flow_dtype
 from tritontts.stage_timer import StageTimer
-from tritontts.triton.first_chunk_board import FirstChunkHolder, holding
+from tritontts.triton.first_chunk_priority import FirstChunkHolder, holding
 from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import StageSeconds
 from tritontts.triton.params import error_response, model_param

@@ -45,7 +45,6 @@ from tritontts.spark.service import RequestLimits, check_reference_wav, check_to
 from tritontts.text.normalize import TextNormalizer, check_available
 from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
-from tritontts.triton.chunk_pacing import ChunkPacer, chunk_pacer
 from tritontts.triton.metrics import StageSeconds, release_metrics
 from tritontts.triton.params import RequestError, error_response, model_param, optional_input, string_input
 from tritontts.triton.request_runner import RequestRunner
@@ -114,7 +113,6 @@ class CosyVoiceBlsBase:
     """token2wav makes its own prompt from the reference audio (CosyVoice2-DiT)"""
     transcript_optional: bool = False
     """a zero-shot reference may come without its transcript (CosyVoice3: the system part stands alone)"""
-    pacer: ChunkPacer | None = None
     bistream_tokens: BistreamTokens | None = None
     """the LLM ids of bistream requests (request parameter `bistream_session`); None: this BLS takes none"""
 
@@ -139,7 +137,6 @@ class CosyVoiceBlsBase:
         }
         self.voice_cache_size = model_param(config, "voice_cache_size", int, default=256)
         self.bistream_idle_timeout_s = model_param(config, "bistream_idle_timeout_s", float, default=30.0)
-        self.pacer = chunk_pacer(config, args)
         self.text_normalization = model_param(config, "text_normalization", bool, default=False)
         if self.text_normalization:
             check_available()  # the model fails to load, naming what is missing
@@ -307,8 +304,6 @@ class CosyVoiceBlsBase:
         if self.llm_http is not None:
             self.llm_http.close()
         release_metrics(self.first_chunks)
-        if self.pacer is not None:
-            self.pacer.close()
         release_held()
 
 
@@ -342,7 +337,6 @@ class CosyVoice2Bls(CosyVoiceBlsBase):
             voice_store=self.voice_store,
             complete=None if self.llm_http is None else self._complete,
             end_stream=self._end_dit_stream if dit else None,
-            pacer=self.pacer,
         )
         self._start(pb_utils, args, config)
 

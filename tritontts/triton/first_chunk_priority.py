@@ -7,18 +7,21 @@ took 56 ms beside a decoding LLM on an H200 (docs/gpu-hosts.md). Once a stream's
 LLM tokens are far ahead of what the listener needs (25 speech tokens a second of audio; the engine makes
 hundreds a second), so the LLM can wait.
 
-The token2wav instances of one server and GPU share a board (`tritontts.triton.first_chunk_board`): one slot per
-instance, the time until which it holds the GPU for a first chunk. The LLM engine reads the board before each step
-(`YieldToFirstChunks`).
+The token2wav instances of one server and GPU share a small board in shared memory: one slot per instance, the
+monotonic time until which it holds the GPU for a first chunk (a bounded hold: a stub that dies holding it
+stops counting once that time passes). The LLM engine reads the board before each step (`YieldToFirstChunks`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import mmap
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +29,14 @@ import numpy as np
 import torch
 
 from tritontts.llm.sequence import Sequence
-from tritontts.triton.first_chunk_board import BOARD_DIR, FirstChunkHolder, map_board, unmap
+from tritontts.processes import pid_alive
 from tritontts.triton.params import model_param
 
+SLOTS = 64
+ENTRY = np.dtype([("pid", "<i8"), ("until", "<f8")])
+BOARD_DIR = Path("/dev/shm")
+DEFAULT_MAX_HOLD_S = 0.2
+"""the longest one first chunk holds the LLM: a hold past it ends even if the chunk is not done"""
 REOPEN_EVERY_S = 1.0
 
 
@@ -61,6 +69,85 @@ def llm_pause_check(config: dict, args: dict, device: torch.device) -> YieldToFi
     return YieldToFirstChunks(board_path(args["model_repository"], device), rate, first_chunk)
 
 
+def _map(path: Path, create: bool) -> tuple[mmap.mmap, np.ndarray] | None:
+    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        return None
+    try:
+        with open(fd, "r+b", closefd=False) as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            if os.fstat(fd).st_size < SLOTS * ENTRY.itemsize:
+                os.ftruncate(fd, SLOTS * ENTRY.itemsize)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        memory = mmap.mmap(fd, SLOTS * ENTRY.itemsize)
+    finally:
+        os.close(fd)
+    return memory, np.frombuffer(memory, dtype=ENTRY)
+
+
+class FirstChunkHolder:
+    """A token2wav instance's slot on its board: `hold()` before computing first chunks, `release()` after."""
+
+    def __init__(self, path: Path, max_hold_s: float = DEFAULT_MAX_HOLD_S) -> None:
+        self.path = path
+        self.max_hold_s = max_hold_s
+        mapped = _map(path, create=True)
+        assert mapped is not None
+        self._memory, self._entries = mapped
+        self.slot = self._claim()
+
+    def _claim(self) -> int:
+        pid = os.getpid()
+        with open(self.path, "r+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            for slot, entry in enumerate(self._entries):
+                owner = int(entry["pid"])
+                if owner in (0, pid) or not pid_alive(owner):
+                    self._entries[slot] = (pid, 0.0)
+                    return slot
+        raise RuntimeError(f"{self.path}: all {SLOTS} slots are held by running processes")
+
+    def hold(self) -> None:
+        self._entries["until"][self.slot] = time.monotonic() + self.max_hold_s
+
+    def release(self) -> None:
+        self._entries["until"][self.slot] = 0.0
+
+    def close(self) -> None:
+        """Frees the slot; the last holder of a board removes its file."""
+        if self._memory is None:
+            return
+        with open(self.path, "r+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            self._entries[self.slot] = (0, 0.0)
+            if not any(int(p) and pid_alive(int(p)) for p in self._entries["pid"]):
+                self.path.unlink(missing_ok=True)
+        _unmap(self)
+
+
+@contextmanager
+def holding(holder: FirstChunkHolder | None, first_chunk: bool) -> Iterator[None]:
+    """Holds the LLM on `holder`'s board for the block when it makes a first chunk."""
+    if holder is None or not first_chunk:
+        yield
+        return
+    holder.hold()
+    try:
+        yield
+    finally:
+        holder.release()
+
+
+def _unmap(owner: FirstChunkHolder | YieldToFirstChunks) -> None:
+    memory, owner._memory, owner._entries = owner._memory, None, None
+    try:
+        memory.close()
+    except BufferError:  # a view of the entries still alive somewhere: the mapping goes with it
+        pass
+
+
 @dataclass
 class YieldToFirstChunks:
     """The LLM engine's pause check (LLMEngine `pause_check`): seconds its next step may still wait.
@@ -81,7 +168,7 @@ class YieldToFirstChunks:
     def _board(self, now: float) -> np.ndarray | None:
         if self._entries is None and now >= self._next_open:
             self._next_open = now + REOPEN_EVERY_S
-            mapped = map_board(self.path, create=False)
+            mapped = _map(self.path, create=False)
             if mapped is not None:
                 self._memory, self._entries = mapped
         return self._entries
@@ -104,4 +191,4 @@ class YieldToFirstChunks:
 
     def close(self) -> None:
         if self._memory is not None:
-            unmap(self)
+            _unmap(self)

@@ -15,8 +15,7 @@ from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
 from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.first_chunk_board import holding
-from tritontts.triton.first_chunk_priority import first_chunk_holder
+from tritontts.triton.first_chunk_priority import first_chunk_holder, holding
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import (
     RequestError,
