@@ -45,7 +45,7 @@ from tritontts.spark.service import RequestLimits, check_reference_wav, check_to
 from tritontts.text.normalize import TextNormalizer, check_available
 from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
-from tritontts.triton.metrics import StageSeconds, release_metrics
+from tritontts.triton.metrics import first_chunk_stage_seconds, release_metrics
 from tritontts.triton.params import RequestError, error_response, model_param, optional_input, string_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.sequence import call_flags
@@ -152,13 +152,7 @@ class CosyVoiceBlsBase:
     def _start(self, pb_utils: Any, args: dict[str, Any], config: dict[str, Any]) -> None:
         """The last step of __init__, once everything else is built: the first-chunk metric and the runner
         (the order both BLS had before they shared this code)."""
-        self.first_chunks = StageSeconds(
-            pb_utils,
-            args["model_name"],
-            "tritontts_first_chunk_seconds_total",
-            "tritontts_first_chunks_total",
-            "streams' first chunks in the BLS",
-        )
+        self.first_chunks = first_chunk_stage_seconds(pb_utils, args["model_name"])
         self.runner = RequestRunner(model_param(config, "max_concurrent_requests", int, default=1))
 
     def _embed(self, wav: np.ndarray) -> np.ndarray:

@@ -88,6 +88,18 @@ class StageSeconds:
             self.seconds = self.count = None
 
 
+def first_chunk_stage_seconds(pb_utils: Any, model_name: str) -> StageSeconds:
+    """A BLS's `tritontts_first_chunk_seconds_total{model, stage}` / `tritontts_first_chunks_total{model}`: each
+    stream's first chunk, stage by stage (tritontts.bench.server_stages reads them)."""
+    return StageSeconds(
+        pb_utils,
+        model_name,
+        "tritontts_first_chunk_seconds_total",
+        "tritontts_first_chunks_total",
+        "streams' first chunks in the BLS",
+    )
+
+
 def token2wav_stage_seconds(pb_utils: Any, args: dict[str, Any]) -> StageSeconds:
     """Flow and vocoder seconds of a token2wav instance's executes (`args`: the model's initialize args), labelled
     with the instance and `chunk="first"` where every call of the execute was a stream's first chunk."""

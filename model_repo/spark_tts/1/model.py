@@ -32,7 +32,7 @@ from tritontts.text.request import normalized_texts, wants_normalization
 from tritontts.triton.bls import call_model, generate_tokens, reference_wav_arrays
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.llm_contract import SamplingParams
-from tritontts.triton.metrics import StageSeconds, release_metrics
+from tritontts.triton.metrics import first_chunk_stage_seconds, release_metrics
 from tritontts.triton.params import error_response, model_param, string_input, waveform_input
 from tritontts.triton.request_runner import RequestRunner
 from tritontts.triton.stream_sender import serve_stream
@@ -98,13 +98,7 @@ class TritonPythonModel:
             role: model_param(config, f"{role}_model", default=role)
             for role in ("audio_tokenizer", "tensorrt_llm", "vocoder")
         }
-        self.first_chunks = StageSeconds(
-            pb_utils,
-            args["model_name"],
-            "tritontts_first_chunk_seconds_total",
-            "tritontts_first_chunks_total",
-            "streams' first chunks in the BLS",
-        )
+        self.first_chunks = first_chunk_stage_seconds(pb_utils, args["model_name"])
         self.runner = RequestRunner(model_param(config, "max_concurrent_requests", int, default=1))
         callee_monitor()  # its first read of /proc at load, not in the first request this instance serves
 
