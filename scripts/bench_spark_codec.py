@@ -25,7 +25,7 @@ import torch
 from tritontts.bench.offline_timing import device_name, median_ms
 from tritontts.spark.codec import SparkCodec
 
-LENGTHS = (150, 216, 320)
+LENGTHS = (50, 150, 216, 320)  # 50: a stream's first chunk
 BATCH = 16
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -57,10 +57,12 @@ def groups_by_length(codec: SparkCodec, g: list[np.ndarray], s: list[np.ndarray]
     return [audio[i, : n * codec.bicodec.hop_length] for i, n in enumerate(lengths)]
 
 
-VARIANTS = {
-    "groups, eager (earlier)": (False, groups_by_length),
-    "padded passes, eager": (False, SparkCodec.detokenize),
-    "padded passes, CUDA graphs": (True, SparkCodec.detokenize),
+VARIANTS = {  # CUDA graphs, call, dtype, TF32 matmuls
+    "groups, eager (earlier)": (False, groups_by_length, torch.float32, False),
+    "padded passes, eager": (False, SparkCodec.detokenize, torch.float32, False),
+    "padded passes, CUDA graphs": (True, SparkCodec.detokenize, torch.float32, False),
+    "padded passes, CUDA graphs, TF32 matmuls": (True, SparkCodec.detokenize, torch.float32, True),
+    "padded passes, CUDA graphs, bf16": (True, SparkCodec.detokenize, torch.bfloat16, False),
 }
 
 
@@ -76,8 +78,9 @@ def detokenize_rows(model_dir: Path, reps: int, device: torch.device, batch: int
     fresh = {"fresh1": 1, f"fresh{batch}": batch}
     reference: dict[str, list[np.ndarray]] = {}
     rows = []
-    for variant, (graphs, call) in VARIANTS.items():
-        codec = SparkCodec(model_dir, device, torch.float32, with_tokenizer=False, cuda_graphs=graphs)
+    for variant, (graphs, call, dtype, tf32) in VARIANTS.items():
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        codec = SparkCodec(model_dir, device, dtype, with_tokenizer=False, cuda_graphs=graphs)
         for name, (g, s) in inputs.items():
             audio = call(codec, g, s)
             audio = call(codec, g, s)
@@ -113,6 +116,7 @@ def detokenize_rows(model_dir: Path, reps: int, device: torch.device, batch: int
             print(rows[-1], flush=True)
         codec = None
         release(device)
+    torch.backends.cuda.matmul.allow_tf32 = False
     return rows
 
 
@@ -139,6 +143,7 @@ def tokenize_rows(model_dir: Path, reps: int, device: torch.device) -> list[dict
         print(rows[-1], flush=True)
         codec = None
         release(device)
+    torch.backends.cuda.matmul.allow_tf32 = False
     return rows + bucket_rows(model_dir, reps, rng, device)
 
 
