@@ -444,6 +444,16 @@ def test_cosyvoice2_follows_instructions_and_speaks_cross_lingually(page, http):
     select(page, "model", "spark-tts")
 
 
+def forget_the_last_result(page) -> None:
+    """Clears what an earlier utterance left on the page (its state, chunk count and live-text marks), so that a
+    wait for the next one's audio cannot pass on the last one's."""
+    page.execute_script(
+        'document.getElementById("result").dataset.state = "";'
+        'document.getElementById("chunks").textContent = "–";'
+        'delete document.getElementById("live-text").dataset.bistream;'
+    )
+
+
 def test_text_typed_in_is_spoken_sentence_by_sentence(page, http, api):
     if not websocket_opens(api, LIVE_TEXT_PATH):
         pytest.skip(f"this API has no {LIVE_TEXT_PATH}: the page hides the mode")
@@ -451,7 +461,7 @@ def test_text_typed_in_is_spoken_sentence_by_sentence(page, http, api):
     page.find_element("css selector", 'input[name="mode"][value="clone"]').click()
     page.find_element("css selector", '.tab[data-source="saved"]').click()
     select(page, "voice", "zh")
-    page.execute_script('document.getElementById("result").dataset.state = ""')
+    forget_the_last_result(page)
     live = by_id(page, "live-input")
     live.send_keys("Hello there. How are you? ")
     wait(lambda: by_id(page, "chunks").text not in ("–", "0"), "the first sentences' audio before the end")
@@ -480,7 +490,7 @@ def test_text_typed_in_joins_one_bistream_utterance_where_the_model_takes_it(pag
     select(page, "voice", "zh")
     by_id(page, "instructions").clear()
     by_id(page, "instructions").send_keys(BISTREAM_INSTRUCTIONS)
-    page.execute_script('document.getElementById("result").dataset.state = ""')
+    forget_the_last_result(page)
     live = by_id(page, "live-input")
     live.send_keys(BISTREAM_TEXT)
     wait(lambda: by_id(page, "chunks").text not in ("–", "0"), "audio before the end of the text")
