@@ -219,6 +219,15 @@ def test_tritonserver_restarted_under_load_fails_in_flight_requests_cleanly(tmp_
             timeout=60,
             interval=0.5,
         )
+        # gRPC clients of one process share a connection to an address, and its reconnect backoff (1 s, then
+        # longer) outlasts a restart: requests fail fast until it has reconnected, then every one is served
+        wait_until(
+            lambda: echo_request(grpc_url),
+            lambda outcome: outcome == "ok",
+            "a request served again",
+            timeout=150,
+        )
+        time.sleep(0.5)  # requests started before that reconnect have ended
         after_restart = len(outcomes)
         time.sleep(2)
     finally:
