@@ -269,3 +269,52 @@ def test_stop_ends_whole_sessions_and_skips_servers_never_started(tmp_path):
     for spawned in (llm, server):
         assert not spawned.ref.alive() and not spawned.ref.group_members()
     assert not state_file.exists() and not (tmp_path / "s.pid").exists()
+
+
+ABORT_ONCE_CONFIG = """name: "abort_once"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+parameters [ { key: "marker", value: { string_value: "MARKER" } } ]
+"""
+ABORT_ONCE_MODEL = """import json
+import os
+import signal
+import time
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        marker = Path(json.loads(args["model_config"])["parameters"]["marker"]["string_value"])
+        if not marker.exists():  # the first load aborts its tritonserver, as 2.51's stub sometimes does
+            marker.write_text("aborted once")
+            os.kill(os.getsid(0), signal.SIGABRT)
+            time.sleep(30)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_a_tritonserver_aborted_while_loading_is_started_once_more(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "abort_once" / "1").mkdir(parents=True)
+    marker = tmp_path / "aborted"
+    (repo / "abort_once" / "config.pbtxt").write_text(ABORT_ONCE_CONFIG.replace("MARKER", str(marker)))
+    (repo / "abort_once" / "1" / "model.py").write_text(ABORT_ONCE_MODEL)
+    http, grpc, metrics = free_ports(3)
+    bases = PortBases(http - 1, grpc - 1, metrics - 1)
+    state_file = tmp_path / "run" / "state.json"
+    said: list[str] = []
+    try:
+        state = start(Topology(None, repo, ("0",), 1, bases), state_file, timeout_s=300, say=said.append)
+        assert marker.read_text() == "aborted once" and state["status"] == "ready"
+        (relaunched,) = [line for line in said if "while loading" in line]
+        assert relaunched.startswith("triton_0 was killed by signal 6 while loading; starting it again")
+        assert "loading: abort_once:1" in (state_file.parent / "triton_0.log.failed").read_text()  # its first log
+        assert status(state_file)[0] == 0  # the pid in the state file is the second server's, ready
+    finally:
+        stop_all(state_file, grace_s=20, say=said.append)

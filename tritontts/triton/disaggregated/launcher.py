@@ -133,15 +133,21 @@ def start(
             )
             state["llm"] |= spawned["llm"].ref.to_dict()
             write_state(state_file, state)
-        for plan, entry in zip(topology.servers(), state["servers"], strict=True):
-            spawned[plan.name] = spawn(
-                entry["command"], plan.environment(install), Path(entry["log"]), Path(entry["pid_file"])
+        environments = {plan.name: plan.environment(install) for plan in topology.servers()}
+
+        def launch(entry: dict) -> Spawned:
+            spawned[entry["name"]] = spawn(
+                entry["command"], environments[entry["name"]], Path(entry["log"]), Path(entry["pid_file"])
             )
-            entry |= spawned[plan.name].ref.to_dict()
+            entry |= spawned[entry["name"]].ref.to_dict()
             write_state(state_file, state)
+            return spawned[entry["name"]]
+
+        for entry in state["servers"]:
+            launch(entry)
         started = f"{len(state['servers'])} tritonservers, {topology.layout}"
         say(f"started {started}{'' if llm is None else ' and the LLM server'}; state: {state_file}")
-        _wait_ready(members(state), spawned, timeout_s, say)
+        _wait_ready(members(state), spawned, timeout_s, say, relaunch=launch)
     except BaseException:
         _stop_members([Member(name, s.ref.to_dict()) for name, s in spawned.items()])
         for s in spawned.values():
@@ -155,13 +161,36 @@ def start(
 
 
 def _wait_ready(
-    pending: list[Member], spawned: dict[str, Spawned], timeout_s: float, say: Callable[[str], None]
+    pending: list[Member],
+    spawned: dict[str, Spawned],
+    timeout_s: float,
+    say: Callable[[str], None],
+    relaunch: Callable[[dict], Spawned] | None = None,
 ) -> None:
+    """Until every member is ready. A tritonserver killed by a signal while loading (tritonserver 2.51's stub
+    can abort its server then: docs/reliability.md) is started once more, its first log kept beside."""
     started = time.monotonic()
     pending = list(pending)
+    relaunched: set[str] = set()
     while pending:
         for member in list(pending):
             code = spawned[member.name].process.poll()
+            if (
+                code is not None
+                and code < 0
+                and relaunch
+                and not member.is_llm
+                and member.name not in relaunched
+            ):
+                relaunched.add(member.name)
+                stop(member.ref, grace_s=5.0, whole_group=True)  # its stubs
+                failed_log = Path(f"{member.entry['log']}.failed")
+                Path(member.entry["log"]).replace(failed_log)
+                say(
+                    f"{member.name} was killed by signal {-code} while loading; starting it again (log: {failed_log})"
+                )
+                relaunch(member.entry)
+                continue
             if code is not None:
                 raise LaunchError(
                     f"{member.name} exited with code {code} before it was ready\n{log_tail(member.entry['log'])}"
