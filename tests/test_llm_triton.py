@@ -101,9 +101,13 @@ def test_a_fixed_stream_interval_sends_three_tokens_per_response(server, engine)
     assert sizes[:-1] == [3] * (len(sizes) - 1) and 1 <= sizes[-1] <= 3, sizes
 
 
+LONG = 900
+
+
 def test_a_cancelled_request_frees_its_slot_at_once(server, engine):
-    long = [  # min_tokens: no long request may end early and free its slot for the late one
-        Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, s), 150, s, min_tokens=150), OUTPUTS)
+    long = [  # min_tokens: no long request may end early and free its slot for the late one; 900 tokens: they
+        # outlast the cancellation's way through Triton, the late request's prefill and its 20 tokens on a busy host
+        Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, s), LONG, s, min_tokens=LONG), OUTPUTS)
         for s in (21, 22, 23)
     ]
     cancelled = Stream(server.grpc_url, "tensorrt_llm", request(prompt(10, 24), 150, 24), OUTPUTS)
@@ -118,7 +122,7 @@ def test_a_cancelled_request_frees_its_slot_at_once(server, engine):
     # Only the cancelled request's slot could have taken the late one while the long ones ran.
     assert late.times[-1] < min(result.times[-1] for result in results)
     for s, result in zip((21, 22, 23), results):
-        assert tokens_of(result) == expected(engine, prompt(10, s), 150, s, min_tokens=150)
+        assert tokens_of(result) == expected(engine, prompt(10, s), LONG, s, min_tokens=LONG)
 
 
 def test_offline_model_returns_all_tokens_at_once(server, engine):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from tritontts.stage_timer import StageTimer
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -37,3 +39,12 @@ def resolve_flow_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"token2wav dtype must be one of {('auto', *DTYPES)}, got {name!r}")
     return DTYPES[name]
+
+
+def mark_on_device(timer: StageTimer | None, stage: str, device: torch.device) -> None:
+    """Ends `stage` once the device has done its queued work (CUDA runs asynchronously); no timer: nothing."""
+    if timer is None:
+        return
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timer.mark(stage)

@@ -1,11 +1,10 @@
-"""Where a request's time goes: named stages, each lasting from the end of the one before."""
+"""Where a request's time goes: named stages, each lasting from the end of the one before (no torch here: the
+torch-free BLS time their stages with it; `tritontts.devices.mark_on_device` ends a stage on a GPU)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-
-import torch
 
 
 @dataclass
@@ -19,12 +18,3 @@ class StageTimer:
         now = time.perf_counter()
         self.stages[stage] = self.stages.get(stage, 0.0) + now - self.last
         self.last = now
-
-
-def mark_on_device(timer: StageTimer | None, stage: str, device: torch.device) -> None:
-    """Ends `stage` once the device has done its queued work (CUDA runs asynchronously); no timer: nothing."""
-    if timer is None:
-        return
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    timer.mark(stage)

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift
 from tritontts.cuda_graphs import FlowGraphConfig
-from tritontts.stage_timer import StageTimer, mark_on_device
+from tritontts.devices import mark_on_device
+from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
 
 MEL_CACHE_FRAMES = 8

@@ -19,7 +19,8 @@ from tritontts.cosyvoice2.token2wav import flow_request
 from tritontts.cosyvoice3.flow import Flow3, load_flow3
 from tritontts.cosyvoice3.wire import Token2MelCall
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
-from tritontts.stage_timer import StageTimer, mark_on_device
+from tritontts.devices import mark_on_device
+from tritontts.stage_timer import StageTimer
 
 
 class Token2Mel:

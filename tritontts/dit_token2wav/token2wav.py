@@ -40,11 +40,11 @@ from tritontts.cosyvoice2.frontend import (
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift, official_key
 from tritontts.cosyvoice2.token2wav import fade_in_out
 from tritontts.cuda_graphs import FlowGraphConfig
-from tritontts.devices import resolve_device, resolve_dtype
+from tritontts.devices import mark_on_device, resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, load_dit_flow
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
-from tritontts.stage_timer import StageTimer, mark_on_device
+from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
 from tritontts.voice_cache import VoiceCache, audio_key
 
