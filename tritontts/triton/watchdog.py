@@ -27,10 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tritontts.triton.server import answers_ok, is_tritonserver
-from tritontts.triton.stubs import Stub, free_shm_region, list_stubs, stub_started
+from tritontts.triton.stubs import Stub, free_shm_region, is_alive, list_stubs, stub_started
 
 log = logging.getLogger("tritontts.watchdog")
 ACTIONS = ("auto", "reload", "exit")
+KILLED_EXIT_S = 15.0
+"""how long the last sweep waits for the stubs it killed to be gone and their pools unmapped"""
 
 
 @dataclass
@@ -97,12 +99,18 @@ class Watchdog:
             time.sleep(0.5)
             self.sweep()
         # a stub blocked sending to a killed caller outlives its server (re-parented, holding its pool)
+        killed = []
         for stub in self.known.values():
             if stub_started(stub.pid) == stub.started:
                 log.error("stub %s (pid %d) outlived tritonserver: killing it", stub.instance, stub.pid)
                 os.kill(stub.pid, signal.SIGKILL)
-        time.sleep(1.0)
+                killed.append(stub.pid)
+        # a killed stub unmaps its pool only once it is gone, which takes seconds on a busy host
+        deadline = self.clock() + KILLED_EXIT_S
         self.sweep()
+        while (self.dead_regions or any(is_alive(pid) for pid in killed)) and self.clock() < deadline:
+            time.sleep(0.5)
+            self.sweep()
         for region in self.dead_regions:
             log.error("could not remove /dev/shm/%s, the shared memory of a stub of the server", region)
 
