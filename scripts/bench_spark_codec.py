@@ -143,7 +143,6 @@ def tokenize_rows(model_dir: Path, reps: int, device: torch.device) -> list[dict
         print(rows[-1], flush=True)
         codec = None
         release(device)
-    torch.backends.cuda.matmul.allow_tf32 = False
     return rows + bucket_rows(model_dir, reps, rng, device)
 
 
