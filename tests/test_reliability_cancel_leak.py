@@ -14,7 +14,11 @@ heap reach the peak of what 20 s of streams hold, and keep that size: the faster
 peak (Spark-TTS with the engine's output window: streams 4 times faster, pools 4 -> 6 MiB and RssAnon +13 MiB
 over 40 streams after a 6-stream warm-up, the same over 80 and 160, and back to the same allocated bytes once
 the hold expired: no leak). The warm-up therefore runs for longer than HOLD_S (WARMUP_S), so that the
-measurement compares two states at that peak and only growth per stream remains.
+measurement compares two states at that peak and only growth per stream remains. That peak still moves with the
+host's speed: on a busy CI host (2026-11-29, after the fix) one stub's pool grew 4 -> 6 MiB over the 40 streams
+while its RssAnon grew 0.2 MiB, the measured streams having run faster than the warm-up's. So a pool may grow
+by one step (GROWTH_BYTES, a higher peak of held calls), and RssAnon is the per-stream test: the leak cost 0.3 MiB
+a stream, 12 MiB over 40.
 
 The module serves the suite's Spark-TTS models on a server of its own whose python-backend pools are small
 (POOL_BYTES, growing by GROWTH_BYTES), so that shared memory held by cancelled requests shows as a pool that
@@ -150,7 +154,7 @@ def test_cancelled_streams_leave_no_memory_in_the_bls_stubs(small_pool_server, r
     assert read_outcome(Stream(server.grpc_url, SPARK_STREAM, arrays, ["waveform"]), 120)[0] == "ok"
     assert len(figures) == 2, figures  # both instances of rel_spark_tts
     for name, fig in figures.items():
-        assert fig["pool_mib"][1] <= fig["pool_mib"][0], (name, fig)
+        assert fig["pool_mib"][1] - fig["pool_mib"][0] <= GROWTH_BYTES / 2**20, (name, fig)
         assert fig["anon_mib"][1] - fig["anon_mib"][0] <= ANON_BOUND_MIB, (name, fig)
 
 
