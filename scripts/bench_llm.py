@@ -24,10 +24,11 @@ import torch
 
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.llm.config import Qwen2Config
+from tritontts.llm.decode_kernels import DECODE_ATTENTION
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.loader import build_model, load_pretrained, output_token_id
 from tritontts.llm.model import attention_block, decode_lengths
-from tritontts.llm.runner import DECODE_ATTENTION, ModelRunner
+from tritontts.llm.runner import ModelRunner
 from tritontts.llm.sequence import SamplingParams
 from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
 

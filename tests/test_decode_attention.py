@@ -11,9 +11,9 @@ import torch
 from triton_interpreter import IN_INTERPRETER, VOCAB, interpreted, run_under_interpreter, tiny_model
 
 import tritontts.llm.model as model_module
+from tritontts.llm.decode_kernels import resolve_decode_attention
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.model import apply_rope, attention, attention_block, decode_lengths
-from tritontts.llm.runner import resolve_decode_attention
 from tritontts.llm.sequence import SamplingParams
 
 CPU = torch.device("cpu")

@@ -311,7 +311,7 @@ def test_batched_prefill_of_very_different_lengths_equals_one_at_a_time(model, p
 
 
 def test_max_prefill_tokens_splits_the_prefill_with_the_same_tokens(model):
-    from tritontts.llm.runner import prefill_chunks
+    from tritontts.llm.buckets import prefill_chunks
 
     lengths = [len(p) for p in MIXED]
     assert prefill_chunks(lengths, 8192) == [6]
@@ -349,7 +349,7 @@ def test_requests_finishing_at_prefill_and_joining_mid_run_in_a_batch(model):
 
 
 def test_bucket_helpers(model):
-    from tritontts.llm.runner import bucket_of, kv_buckets, prefill_buckets
+    from tritontts.llm.buckets import bucket_of, kv_buckets, prefill_buckets
 
     assert kv_buckets(2560) == [256, 512, 1024, 2048, 2560]
     assert kv_buckets(96) == [96]

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from triton_interpreter import IN_INTERPRETER, VOCAB, interpreted, run_under_interpreter, tiny_model
 
+from tritontts.llm.decode_kernels import resolve_decode_attention
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.model import LayerShape, add_delta, project
-from tritontts.llm.runner import resolve_decode_attention
 from tritontts.llm.sequence import SamplingParams
 
 CPU = torch.device("cpu")

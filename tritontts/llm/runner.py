@@ -18,99 +18,20 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import importlib
 import itertools
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from tritontts.llm.buckets import batch_buckets, bucket_of, kv_buckets, prefill_buckets, prefill_chunks
+from tritontts.llm.decode_kernels import resolve_decode_attention
 from tritontts.llm.kv_cache import KVCache
 from tritontts.llm.model import Context, Qwen2ForCausalLM, decode_lengths, decoder_layer
 from tritontts.llm.sampling import SMALL_TOP_K, choose, sample, sampling_logits
 from tritontts.llm.sequence import SamplingParams
 from tritontts.llm.slot_state import SlotState
-
-DECODE_ATTENTION = ("auto", "torch", "triton")
-
-
-DECODE_KERNELS = {
-    "decode_attention": ("tritontts.llm.decode_attention",),
-    "decode_linear": ("tritontts.llm.skinny_linear", "tritontts.llm.norm_linear"),
-    "top_k_kernel": ("tritontts.llm.top_k",),
-}
-
-
-def decode_kernel_problem(
-    device: torch.device, head_dim: int, setting: str = "decode_attention"
-) -> str | None:
-    """Why the Triton kernels of `setting` (decode_attention, decode_linear, top_k_kernel) cannot run on
-    `device` (None: they can, and their op is registered). Off CUDA they run only under Triton's CPU
-    interpreter (TRITON_INTERPRET=1, for tests)."""
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return f"needs a CUDA device, not {device}"
-    if setting == "decode_attention" and (head_dim < 16 or head_dim & (head_dim - 1)):
-        return f"needs a power-of-two head_dim of at least 16, not {head_dim}"
-    try:
-        for module in DECODE_KERNELS[setting]:
-            importlib.import_module(module)
-    except ImportError as error:
-        return f"needs the triton package ({error})"
-    return None
-
-
-def resolve_decode_attention(
-    choice: str, device: torch.device, head_dim: int = 64, setting: str = "decode_attention"
-) -> str:
-    """The setting `decode_attention` (or `decode_linear`) as the path decode steps take: "auto" is "triton"
-    (the Triton kernels) on CUDA when triton imports, else "torch"; "triton" raises where they cannot run."""
-    if choice not in DECODE_ATTENTION:
-        raise ValueError(f"{setting} must be one of {DECODE_ATTENTION}, got {choice!r}")
-    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
-        return "torch"
-    problem = decode_kernel_problem(device, head_dim, setting)
-    if problem is None:
-        return "triton"
-    if choice == "auto":
-        return "torch"
-    raise ValueError(f"{setting}='triton' {problem}")
-
-
-def prefill_chunks(lengths: list[int], max_tokens: int) -> list[int]:
-    """Ends of consecutive runs of prompts whose right-padded size (count * longest) stays within
-    `max_tokens`; a longer prompt runs alone."""
-    ends, count, longest = [], 0, 0
-    for i, length in enumerate(lengths):
-        if count and (count + 1) * max(longest, length) > max_tokens:
-            ends.append(i)
-            count, longest = 0, 0
-        count, longest = count + 1, max(longest, length)
-    return [*ends, len(lengths)]
-
-
-def batch_buckets(max_batch_size: int) -> list[int]:
-    sizes = [1, 2, 4, 8]
-    sizes += list(range(16, max_batch_size + 1, 16))
-    return sorted({s for s in sizes if s < max_batch_size} | {max_batch_size})
-
-
-def kv_buckets(max_seq_len: int) -> list[int]:
-    """Key lengths a decode step attends to: 256, 512, 1024, ... below `max_seq_len`, then `max_seq_len`."""
-    sizes = [256 << i for i in range(16) if 256 << i < max_seq_len]
-    return [*sizes, max_seq_len]
-
-
-def prefill_buckets(max_seq_len: int) -> list[int]:
-    """Padded prompt lengths with a prefill graph (prompts must be shorter than `max_seq_len`)."""
-    return [
-        n for n in (32, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024) if n < max_seq_len
-    ]
-
-
-def bucket_of(buckets: list[int], n: int) -> int:
-    return buckets[bisect.bisect_left(buckets, n)]
 
 
 @dataclass
