@@ -221,6 +221,51 @@ def test_token2wav_dit_stream_matches_the_in_process_stream(server, local_token2
     )
 
 
+def test_concurrent_token2wav_dit_streams_each_match_their_in_process_stream(
+    server, local_token2wav, reference
+):
+    """Three streams' calls sent at once, round by round (the dynamic batcher may hand them to one execute, whose
+    flows then share batched calls), with a refused call among them: each stream's audio is its own."""
+    streams = {f"dit-concurrent-{i}": target_tokens(40 + 15 * i, seed=10 + i) for i in range(3)}
+    plans = {rid: SCHEDULE.plan(ids.size) for rid, ids in streams.items()}
+    served = {rid: [] for rid in streams}
+    bad = dit_token2wav_arrays(target_tokens(10), reference[:16000])
+    bad["target_speech_tokens"] = bad["target_speech_tokens"] - 151663
+
+    def send(rid: str, chunk) -> None:
+        values = dit_token2wav_arrays(
+            streams[rid][chunk.token_offset : chunk.token_end], reference, chunk.finalize
+        )
+        served[rid].append(infer(server, TOKEN2WAV_DIT, values, request_id=rid))
+
+    def refused() -> str:
+        with pytest.raises(InferenceServerException) as caught:
+            infer(server, TOKEN2WAV_DIT, bad)
+        return str(caught.value)
+
+    with ThreadPoolExecutor(4) as pool:
+        for round_ in range(max(len(p) for p in plans.values())):
+            sent = [pool.submit(send, rid, plan[round_]) for rid, plan in plans.items() if round_ < len(plan)]
+            refusal = pool.submit(refused) if round_ == 0 else None
+            for future in sent:
+                future.result()
+            if refusal is not None:
+                assert "target_speech_tokens" in refusal.result()
+    with server_threads():
+        speaker = local_token2wav.prepare_speaker(reference)
+        for rid, ids in streams.items():
+            local = [
+                local_token2wav.stream(rid, speaker, ids[c.token_offset : c.token_end], c.finalize)
+                for c in plans[rid]
+            ]
+            assert [a.size for a in served[rid]] == [a.size for a in local]
+            within(
+                f"{rid} served",
+                max_error(np.concatenate(served[rid]), np.concatenate(local)),
+                SERVED_AUDIO_BOUND,
+            )
+
+
 BAD_LEAF_REQUESTS = {
     "text ids": (
         lambda v: v | {"target_speech_tokens": v["target_speech_tokens"] - 151663},

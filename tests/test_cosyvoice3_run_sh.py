@@ -88,6 +88,7 @@ def test_stages_2_and_7_fill_repositories_for_both_llm_placements(tmp_path):
             _parameters(parsed["token2wav"])["flow_compile"] == "auto"
         )  # cosyvoice3 compiles its DiT where it has graphs
         assert _parameters(parsed["token2wav"])["stream_calls"] == "true"  # chunks and the final call
+        assert _parameters(parsed["token2wav"])["cuda_graph_batch_sizes"] == "1,2,4,8"  # auto
         assert _parameters(parsed["audio_tokenizer"])["tokenizer_file"] == "speech_tokenizer_v3.onnx"
         for name in MODELS - {"cosyvoice3"}:
             assert _parameters(parsed[name])["model_dir"] == bls["model_dir"]

@@ -88,14 +88,14 @@ def test_stream_equals_one_hift_pass_outside_the_joins(
 ) -> None:
     flow = constant_source.flow
     chunk_mels = []
-    real_chunk = flow.inference_chunk
+    real_chunks = flow.inference_chunks
 
     def recording(*args, **kwargs):
-        mel, cache = real_chunk(*args, **kwargs)
-        chunk_mels.append(mel)
-        return mel, cache
+        results = real_chunks(*args, **kwargs)
+        chunk_mels.extend(mel for mel, _ in results)
+        return results
 
-    monkeypatch.setattr(flow, "inference_chunk", recording)
+    monkeypatch.setattr(flow, "inference_chunks", recording)
     tokens = _targets()
     streamed = np.concatenate(_stream(constant_source, speaker, tokens, schedule, "join"))
     one_pass, _ = constant_source.hift.inference(torch.cat(chunk_mels, dim=2))

@@ -196,7 +196,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("dynamic_chunk_strategy", "exponential"),
         ("token2wav_dtype", "auto"),
         ("token2wav_cuda_graphs", "auto"),
-        ("token2wav_graph_batch_sizes", "1,2,4,8"),
+        ("token2wav_graph_batch_sizes", "auto"),
         ("speaker_embedding_instance_num", "1"),
         ("use_spk2info_cache", "false"),
         ("max_new_tokens", "auto"),
@@ -378,6 +378,7 @@ def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(t
         checkpoint / "Step-Audio-2-mini" / "token2wav"
     )
     assert _parameters(parsed["token2wav_dit"])["cuda_graphs"] == "auto"
+    assert _parameters(parsed["token2wav_dit"])["cuda_graph_batch_sizes"] == "1"  # auto, for the DiT
     assert _parameters(parsed["audio_tokenizer"])["model_dir"] == str(checkpoint / "CosyVoice2-0.5B")
 
     command = ["bash", "run.sh", "10", "10", "--model", "cosyvoice2_dit", "--model_source", "synthetic-tiny"]

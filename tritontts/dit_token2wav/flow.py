@@ -9,6 +9,7 @@ CausalMaskedDiffWithXvec, so `flow.pt` loads strictly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
 from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
 from tritontts.dit_token2wav.dit import DiT
 from tritontts.dit_token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
-from tritontts.dit_token2wav.graphs import GraphedDiTCFM
+from tritontts.dit_token2wav.graphs import FlowRow, GraphedDiTCFM
 from tritontts.qkv import fuse_qkv
 
 FLOW_FILE = "flow.pt"
@@ -39,6 +40,17 @@ class FlowCache:
     def trimmed(self, head: int, tail: int) -> FlowCache:
         """The estimator's keys cut to `head` + `tail` frames (see EstimatorCache.trimmed)."""
         return FlowCache(self.encoder, self.estimator.trimmed(head, tail))
+
+
+@dataclass(frozen=True)
+class FlowChunk:
+    """One streamed chunk: tokens int [1, T] (the last `pre_lookahead_len` look-ahead unless `last_chunk`),
+    the speaker x-vector [1, spk_embed_dim] and the cache it continues."""
+
+    tokens: Tensor
+    embedding: Tensor
+    cache: FlowCache
+    last_chunk: bool = False
 
 
 class DiTFlow(nn.Module):
@@ -114,6 +126,23 @@ class DiTFlow(nn.Module):
         steps = n_timesteps or self.config.n_timesteps
         return self._decoder(mu, spks, cond, steps, noise).float()
 
+    def _encode_chunk(
+        self, tokens: Tensor, spks: Tensor, cond: Tensor | None, last_chunk: bool, cache: FlowCache | None
+    ) -> tuple[FlowRow, EncoderCache]:
+        x = self.input_embedding(tokens)
+        h, encoder_cache = self.encoder.forward_chunk(x, last_chunk, None if cache is None else cache.encoder)
+        mu = self.encoder_proj(h).transpose(1, 2).contiguous()
+        cond = torch.zeros_like(mu) if cond is None else cond
+        return FlowRow(mu, spks, cond, None if cache is None else cache.estimator), encoder_cache
+
+    def _decode_chunks(
+        self, rows: Sequence[FlowRow], n_timesteps: int
+    ) -> list[tuple[Tensor, EstimatorCache]]:
+        """Each row's (mel, estimator cache after it): one batched graphed run, or the plain decoder row by row."""
+        if self.graphed_decoder is not None:
+            return self.graphed_decoder.run(rows, n_timesteps, streaming=True)
+        return [self.decoder.forward_chunk(r.mu, r.spks, r.cond, n_timesteps, r.cache) for r in rows]
+
     def _chunk(
         self,
         tokens: Tensor,
@@ -123,13 +152,8 @@ class DiTFlow(nn.Module):
         cache: FlowCache | None,
         n_timesteps: int,
     ) -> tuple[Tensor, FlowCache]:
-        x = self.input_embedding(tokens)
-        h, encoder_cache = self.encoder.forward_chunk(x, last_chunk, None if cache is None else cache.encoder)
-        mu = self.encoder_proj(h).transpose(1, 2).contiguous()
-        cond = torch.zeros_like(mu) if cond is None else cond
-        feat, estimator_cache = self._decoder.forward_chunk(
-            mu, spks, cond, n_timesteps, None if cache is None else cache.estimator
-        )
+        row, encoder_cache = self._encode_chunk(tokens, spks, cond, last_chunk, cache)
+        (feat, estimator_cache) = self._decode_chunks([row], n_timesteps)[0]
         return feat, FlowCache(encoder_cache, estimator_cache)
 
     @torch.inference_mode()
@@ -172,11 +196,26 @@ class DiTFlow(nn.Module):
         Returns:
             (float32 [1, 80, token_mel_ratio * T'], FlowCache), T' = T - pre_lookahead_len or T.
         """
+        return self.inference_chunks([FlowChunk(tokens, embedding, cache, last_chunk)], n_timesteps)[0]
+
+    @torch.inference_mode()
+    def inference_chunks(
+        self, chunks: Sequence[FlowChunk], n_timesteps: int | None = None
+    ) -> list[tuple[Tensor, FlowCache]]:
+        """`inference_chunk` of each chunk (of different streams), their decoders batched where a graph
+        allows (`use_cuda_graphs` with batch sizes above 1)."""
         steps = n_timesteps or self.config.n_timesteps
-        feat, cache = self._chunk(
-            self._tokens(tokens), self._speaker(embedding), None, last_chunk, cache, steps
-        )
-        return feat.float(), cache
+        encoded = [
+            self._encode_chunk(
+                self._tokens(c.tokens), self._speaker(c.embedding), None, c.last_chunk, c.cache
+            )
+            for c in chunks
+        ]
+        decoded = self._decode_chunks([row for row, _ in encoded], steps)
+        return [
+            (feat.float(), FlowCache(encoder_cache, estimator_cache))
+            for (_, encoder_cache), (feat, estimator_cache) in zip(encoded, decoded)
+        ]
 
 
 def load_dit_flow(

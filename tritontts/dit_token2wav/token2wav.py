@@ -16,6 +16,7 @@ withholds its own last 8 frames until the next call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from tritontts.cosyvoice2.token2wav import fade_in_out
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import mark_on_device, resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
-from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, load_dit_flow
+from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, FlowChunk, load_dit_flow
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
 from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
@@ -56,7 +57,15 @@ SPEAKER_CACHE_SIZE = 8
 _HIFT_BASE_KEY = "conv_pre.parametrizations.weight.original1"
 _HIFT_F0_KEY = "f0_predictor.classifier.weight"
 
-__all__ = ["CAMPPLUS_FILE", "FLOW_YAML", "HIFT_FILE", "SPEECH_TOKENIZER_FILE", "DiTSpeaker", "DiTToken2Wav"]
+__all__ = [
+    "CAMPPLUS_FILE",
+    "FLOW_YAML",
+    "HIFT_FILE",
+    "SPEECH_TOKENIZER_FILE",
+    "DiTSpeaker",
+    "DiTStreamCall",
+    "DiTToken2Wav",
+]
 
 
 def hift_config_of(path: str | Path) -> HiFTConfig:
@@ -87,6 +96,16 @@ class DiTSpeaker:
     @property
     def prompt_frames(self) -> int:
         return self.prompt_mel.shape[1]
+
+
+@dataclass(frozen=True)
+class DiTStreamCall:
+    """One call of a stream: its request id, speaker, tokens (look-ahead last) and whether it is the last."""
+
+    request_id: str
+    speaker: DiTSpeaker
+    tokens: list[int] | np.ndarray | Tensor
+    finalize: bool
 
 
 @dataclass
@@ -271,33 +290,80 @@ class DiTToken2Wav:
         withheld tail and frees it. Calls for one request id must not overlap. `timer` gets the stages "flow"
         and "vocoder", the GPU synchronized at each mark.
         """
-        ids = self._token_ids(tokens)
-        state = self._streams.get(request_id)
+        result = self.stream_many([DiTStreamCall(request_id, speaker, tokens, finalize)], timer)[0]
+        if isinstance(result, ValueError):
+            raise result
+        return result
+
+    def stream_many(
+        self, calls: Sequence[DiTStreamCall], timer: StageTimer | None = None
+    ) -> list[np.ndarray | ValueError]:
+        """`stream` of each call (or its ValueError), the flows of calls of different streams decoded in
+        batches where the flow's graphs allow; two calls of one stream run one after the other, in order."""
+        results: list[np.ndarray | ValueError | None] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        while pending:
+            seen: set[str] = set()
+            now, later = [], []
+            for i in pending:
+                (later if calls[i].request_id in seen else now).append(i)
+                seen.add(calls[i].request_id)
+            self._stream_round([calls[i] for i in now], now, results, timer)
+            pending = later
+        return results
+
+    def _open(self, call: DiTStreamCall) -> tuple[_Stream, Tensor]:
+        ids = self._token_ids(call.tokens)
+        state = self._streams.get(call.request_id)
         fresh = state is None
         if fresh:
-            state = _Stream(speaker.cache, self._generator())
-        self._check_chunk(request_id, state, ids.shape[1], finalize)
+            state = _Stream(call.speaker.cache, self._generator())
+        self._check_chunk(call.request_id, state, ids.shape[1], call.finalize)
         if fresh:
-            self._streams.put(request_id, state)
-        flow_cache = state.flow_cache
-        mel = state.mel
-        if ids.shape[1] > 0:
-            chunk_mel, flow_cache = self.flow.inference_chunk(ids, speaker.embedding, flow_cache, finalize)
-            flow_cache = flow_cache.trimmed(speaker.prompt_frames, ESTIMATOR_CACHE_TAIL)
+            self._streams.put(call.request_id, state)
+        return state, ids
+
+    def _stream_round(
+        self,
+        calls: list[DiTStreamCall],
+        slots: list[int],
+        results: list[np.ndarray | ValueError | None],
+        timer: StageTimer | None,
+    ) -> None:
+        opened: list[tuple[DiTStreamCall, int, _Stream, Tensor]] = []
+        for call, slot in zip(calls, slots):
+            try:
+                opened.append((call, slot, *self._open(call)))
+            except ValueError as err:
+                results[slot] = err
+        flowing = [o for o in opened if o[3].shape[1] > 0]
+        chunks = [FlowChunk(ids, c.speaker.embedding, s.flow_cache, c.finalize) for c, _, s, ids in flowing]
+        flowed = dict(zip((slot for _, slot, _, _ in flowing), self.flow.inference_chunks(chunks)))
+        mark_on_device(timer, "flow", self.device)
+        for call, slot, state, _ in opened:
+            results[slot] = self._continue(call, state, flowed.get(slot))
+        mark_on_device(timer, "vocoder", self.device)
+
+    def _continue(
+        self, call: DiTStreamCall, state: _Stream, flowed: tuple[Tensor, FlowCache] | None
+    ) -> np.ndarray:
+        """The call's audio from its new mel (None: no new token), the stream's state carried on or freed."""
+        flow_cache, mel = state.flow_cache, state.mel
+        if flowed is not None:
+            chunk_mel, flow_cache = flowed
+            flow_cache = flow_cache.trimmed(call.speaker.prompt_frames, ESTIMATOR_CACHE_TAIL)
             chunk_mel = chunk_mel.to(self.device, torch.float32)
             mel = chunk_mel if mel is None else torch.cat([mel, chunk_mel], dim=2)
-        mark_on_device(timer, "flow", self.device)
         if mel is None:
-            self.cancel(request_id)
+            self.cancel(call.request_id)
             return np.zeros(0, dtype=np.float32)
         speech, source = self._vocode(mel, state.source, state.generator)
         if state.speech is not None:
             speech = fade_in_out(speech, state.speech, self.speech_window)
-        mark_on_device(timer, "vocoder", self.device)
-        if finalize:
-            self.cancel(request_id)
+        if call.finalize:
+            self.cancel(call.request_id)
             return speech[0].cpu().numpy()
-        if self._streams.holds(request_id, state):
+        if self._streams.holds(call.request_id, state):
             state.flow_cache = flow_cache
             state.mel = mel[:, :, -MEL_CACHE_FRAMES:]
             state.source = source[:, :, -self.source_cache_len :]

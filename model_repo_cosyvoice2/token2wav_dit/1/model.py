@@ -2,6 +2,7 @@
 
 The speaker (prompt tokens, x-vector, prompt mel, flow caches) is prepared from the reference audio once and
 cached by its content. With `finalize`, one call of a stream keyed by the request id; without, a whole utterance.
+The streams' calls of one execute share batched flow calls where the graphs have batch sizes above 1.
 """
 
 import json
@@ -9,17 +10,16 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from tritontts.audio import AudioLimits
+from tritontts.dit_token2wav.calls import DiTCall, run_calls
 from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
-from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
-from tritontts.triton.batched_flow import flow_placement
+from tritontts.triton.batched_flow import execute_batched, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
-from tritontts.triton.first_chunk_priority import first_chunk_holder, holding
+from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import (
     RequestError,
-    error_response,
     model_param,
     optional_input,
     single_instance_stream,
@@ -34,7 +34,7 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
         config = json.loads(args["model_config"])
-        device, dtype, graphs = flow_placement(config, args, "1", batch_sizes_param=False)
+        device, dtype, graphs = flow_placement(config, args, default_batch_sizes="1")
         self.model = DiTToken2Wav.from_model_dir(
             model_param(config, "model_dir"),
             device=device,
@@ -50,37 +50,30 @@ class TritonPythonModel:
             max_seconds=model_param(config, "max_reference_seconds", float, default=30.0)
         )
 
-    def _audio(self, request):
+    def _call(self, request) -> DiTCall:
         arrays = {name: optional_input(pb_utils, request, name) for name in INPUT_NAMES}
         inputs = parse_dit_token2wav_inputs(arrays, self.limits)
-        timer = StageTimer()
-        speaker = self.model.prepare_speaker(inputs.reference_wav)
-        timer.mark("frontend")
         if inputs.finalize is None:
-            return self.model.offline(inputs.tokens, speaker)
+            return DiTCall(inputs)
         single_instance_stream(self.instances, "finalize")
         stream_id = request.request_id()
         if not stream_id:
             raise RequestError("finalize", "needs a request id: a stream's calls are matched by it")
         first = stream_id not in self.model.open_streams and not inputs.finalize
-        try:
-            with holding(self.holder, first):
-                audio = self.model.stream(stream_id, speaker, inputs.tokens, inputs.finalize, timer)
-        except Exception:
-            self.model.cancel(stream_id)
-            raise
-        self.stages.add(timer.stages, chunk="first" if first else "other")
-        return audio
+        return DiTCall(inputs, stream_id, first)
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                audio = self._audio(request).reshape(1, -1)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio)]))
-            except Exception as err:
-                responses.append(error_response(pb_utils, err))
-        return responses
+        """Every request of this batch in one `run_calls`: the streams' flows share batched calls."""
+        return execute_batched(
+            pb_utils,
+            requests,
+            self._call,
+            lambda calls, timer: run_calls(self.model, calls, timer),
+            self.stages,
+            lambda call: call.first_of_stream,
+            lambda audio: pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]),
+            self.holder,
+        )
 
     def finalize(self):
         release_metrics(self.stages, self.open_streams)
