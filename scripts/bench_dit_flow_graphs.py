@@ -13,7 +13,10 @@ median of --reps calls after warm-up, with the same weights and inputs on both p
 - offline_5s: `DiTToken2Wav.offline` of 5 s,
 
 and how far the graphed mel (and a chunk's returned caches) moves from the eager one; `decoder_calls` counts
-the graphed decoder's calls by path while timing (a chunk's stream set-up included). Needs torch, numpy, pyyaml
+the graphed decoder's calls by path while timing (a chunk's stream set-up included). With `--batch-sizes 1,2,4,8
+--streams 4,8` it also times N fresh streams' first chunks in one `DiTToken2Wav.stream_many` (their flows in
+batched graphs, as the `token2wav_dit` model runs one execute's calls) against the same N calls one after another,
+and how far the batched audio moves from the audio made alone. Needs torch, numpy, pyyaml
 safetensors, soundfile and onnxruntime (the package imports them), with tritontts importable (installed, or
 PYTHONPATH=. from the repository). `--device cpu --preset tiny` is a dry check of everything but the capture (the decoder then
 runs its padded calls eagerly).
@@ -51,6 +54,51 @@ def write_flow_and_hift(folder: Path, preset: str) -> Path:
     return folder
 
 
+def batched_first_chunks(t2w, speaker, rng, counts: list[int], reps: int, device: torch.device) -> dict:
+    """For each count N: N fresh streams' first chunks in one stream_many against one after another."""
+    from tritontts.dit_token2wav.token2wav import DiTStreamCall
+
+    graphed = t2w.flow.graphed_decoder
+    rows = {}
+    for count in counts:
+        calls = [
+            DiTStreamCall(
+                f"batch-{i}", speaker, rng.integers(0, 6561, CHUNK_TOKENS + LOOKAHEAD_TOKENS), False
+            )
+            for i in range(count)
+        ]
+
+        def reset(calls=calls) -> None:
+            for call in calls:
+                t2w.cancel(call.request_id)
+
+        def together(calls=calls) -> list:
+            return t2w.stream_many(calls)
+
+        def one_by_one(calls=calls) -> list:
+            return [t2w.stream_many([call])[0] for call in calls]
+
+        reset()
+        before = dict(graphed.calls)
+        batched_audio = together()
+        calls_together = {k: graphed.calls[k] - before[k] for k in before}
+        reset()
+        alone_audio = one_by_one()
+        reset()
+        together_ms = median_ms(together, reps, device, setup=reset)
+        one_by_one_ms = median_ms(one_by_one, reps, device, setup=reset)
+        reset()
+        rows[str(count)] = {
+            "together_ms": round(together_ms, 2),
+            "one_by_one_ms": round(one_by_one_ms, 2),
+            "speedup": round(one_by_one_ms / together_ms, 2),
+            "decoder_calls_together": calls_together,
+            "audio_max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(batched_audio, alone_audio)),
+        }
+        print("batched first chunks", count, rows[str(count)], flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="a token2wav folder with flow.yaml, flow.pt, hift.pt")
@@ -60,6 +108,10 @@ def main() -> int:
     parser.add_argument("--memory-limit-mib", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("dit_flow_graphs.json"))
+    parser.add_argument("--batch-sizes", default="1", help="graph batch sizes to capture, e.g. 1,2,4,8")
+    parser.add_argument(
+        "--streams", default="", help="stream counts whose first chunks run batched, e.g. 4,8"
+    )
     parser.add_argument(
         "--qkv",
         choices=("fused", "unfused"),
@@ -108,7 +160,8 @@ def main() -> int:
     chunks = [target[k * CHUNK_TOKENS : (k + 1) * CHUNK_TOKENS + LOOKAHEAD_TOKENS] for k in range(3)]
     offline_tokens = rng.integers(0, 6561, OFFLINE_TOKENS)
 
-    config = DiTFlowGraphConfig(memory_limit_mib=args.memory_limit_mib)
+    batch_sizes = tuple(sorted({int(b) for b in args.batch_sizes.split(",")}))
+    config = DiTFlowGraphConfig(memory_limit_mib=args.memory_limit_mib, batch_sizes=batch_sizes)
     if device.type == "cuda":
         report = flow.use_cuda_graphs(config)
         capture = {
@@ -194,6 +247,12 @@ def main() -> int:
         print(name, {k: v for k, v in cases[name].items() if not k.endswith("_kernels")}, flush=True)
         if device.type == "cuda" and cases[name]["decoder_calls"]["graph"] == 0:
             print(f"warning: {name} ran no graph (calls {cases[name]['decoder_calls']})", flush=True)
+
+    flow.graphed_decoder = graphed
+    if args.streams:
+        cases["batched_first_chunks"] = batched_first_chunks(
+            t2w, speaker, rng, [int(n) for n in args.streams.split(",")], args.reps, device
+        )
 
     result = {
         "device": torch.cuda.get_device_name(device)
