@@ -110,7 +110,7 @@ pre_lookahead_len=3                 # streaming: tokens past a chunk the flow lo
 dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | time_based (upstream: hops grow while audio runs ahead) | fixed (every hop token_hop_len)
 token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
 token2wav_cuda_graphs=auto          # replay the flow decoder and the vocoder (HiFT) from CUDA graphs: auto (on CUDA) | true | false
-token2wav_compile=auto              # cosyvoice2, cosyvoice3: the flow estimator inside those graphs compiled by torch.compile (minutes at the first load, then cached on disk; H200, CosyVoice2: 25% fewer kernels a chunk, first chunk p50 70 -> 66 ms at c=1): auto (where there are graphs) | true | false
+token2wav_compile=auto              # the flow estimator inside those graphs compiled by torch.compile (minutes at the first load, then cached on disk; H200, CosyVoice2: 25% fewer kernels a chunk, first chunk p50 70 -> 66 ms at c=1): auto (cosyvoice2, cosyvoice3: where there are graphs; cosyvoice2_dit: off, not measured on a GPU yet) | true | false
 token2wav_graph_batch_sizes=auto   # concurrent token2wav calls (of different streams) one graphed flow call takes: auto (1,2,4,8; cosyvoice2_dit 1: its batched graphs are not measured on a GPU yet) | a list such as 1,2,4
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
@@ -228,9 +228,7 @@ fi
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 case "$token2wav_compile" in auto|true|false) ;; *) echo "run.sh: --token2wav_compile must be auto, true or false" >&2; exit 2 ;; esac
 flow_compile=$token2wav_compile   # auto: the model compiles where it has graphs (on CUDA)
-if [ "$model" = cosyvoice2_dit ] && [ "$token2wav_compile" = true ]; then
-  echo "run.sh: --token2wav_compile true: the DiT token2wav of cosyvoice2_dit has no compiled flow (cosyvoice2 and cosyvoice3 have)" >&2; exit 2
-fi
+[ "$model" != cosyvoice2_dit ] || [ "$token2wav_compile" != auto ] || flow_compile=false   # not measured on a GPU yet
 [[ "$token2wav_instance_num" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --token2wav_instance_num must be a positive integer" >&2; exit 2; }
 [[ "$onnx_threads" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --onnx_threads must be a positive integer" >&2; exit 2; }
 if [ "$token2wav_graph_batch_sizes" = auto ]; then
@@ -391,7 +389,7 @@ write_cosyvoice2_models() {
       token2wav) fill "$repo/$name/config.pbtxt" \
         "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},first_chunk_priority:${first_chunk_priority}" ;;
       token2wav_dit) fill "$repo/$name/config.pbtxt" \
-        "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},max_reference_seconds:${max_reference_seconds},first_chunk_priority:${first_chunk_priority}" ;;
+        "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},flow_compile:${flow_compile},max_reference_seconds:${max_reference_seconds},first_chunk_priority:${first_chunk_priority}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;
     esac
     if [ "$role" = token2wav ] && [ $((token2wav_instance_num * spanned)) -gt 1 ] && [ "$mode" = streaming ]; then

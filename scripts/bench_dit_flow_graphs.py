@@ -110,6 +110,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("dit_flow_graphs.json"))
     parser.add_argument("--batch-sizes", default="1", help="graph batch sizes to capture, e.g. 1,2,4,8")
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="the graphs hold the estimator compiled (--token2wav_compile true)",
+    )
+    parser.add_argument(
         "--streams", default="", help="stream counts whose first chunks run batched, e.g. 4,8"
     )
     parser.add_argument(
@@ -161,7 +166,9 @@ def main() -> int:
     offline_tokens = rng.integers(0, 6561, OFFLINE_TOKENS)
 
     batch_sizes = tuple(sorted({int(b) for b in args.batch_sizes.split(",")}))
-    config = DiTFlowGraphConfig(memory_limit_mib=args.memory_limit_mib, batch_sizes=batch_sizes)
+    config = DiTFlowGraphConfig(
+        memory_limit_mib=args.memory_limit_mib, batch_sizes=batch_sizes, compile=args.compile
+    )
     if device.type == "cuda":
         report = flow.use_cuda_graphs(config)
         capture = {
@@ -271,6 +278,7 @@ def main() -> int:
             "chunk_buckets": list(config.chunk_buckets),
             "cache_buckets": list(config.cache_buckets),
             "batch_sizes": list(config.batch_sizes),
+            "compile": config.compile,
             "memory_limit_mib": config.memory_limit_mib,
         },
         "capture": capture,

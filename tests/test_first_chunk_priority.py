@@ -72,7 +72,7 @@ def build_dit_priority_models(repo: Path, data: Path) -> None:
         repo,
         TOKEN2WAV_DIT_PRIORITY,
         f"model_dir:{token2wav_dir},{COMMON},device:cpu,dtype:float32,instance_num:1,cuda_graphs:auto,"
-        "cuda_graph_batch_sizes:1,max_reference_seconds:30,first_chunk_priority:true",
+        "cuda_graph_batch_sizes:1,flow_compile:false,max_reference_seconds:30,first_chunk_priority:true",
     )
     install_template(
         TEMPLATES, "cosyvoice2_dit", repo, DIT_BLS, dit_bls_values(llm_dir, True, LLM, TOKEN2WAV_DIT_PRIORITY)

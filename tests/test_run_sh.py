@@ -225,10 +225,6 @@ def test_help_lists_the_cosyvoice2_knobs():
             ["--model", "cosyvoice2", "--token2wav_compile", "yes"],
             "--token2wav_compile must be auto, true or false",
         ),
-        (
-            ["--model", "cosyvoice2_dit", "--token2wav_compile", "true"],
-            "the DiT token2wav of cosyvoice2_dit has no compiled flow",
-        ),
     ],
 )
 def test_bad_cosyvoice2_options_exit_2_with_one_line(tmp_path, options, message):
@@ -379,6 +375,7 @@ def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(t
     )
     assert _parameters(parsed["token2wav_dit"])["cuda_graphs"] == "auto"
     assert _parameters(parsed["token2wav_dit"])["cuda_graph_batch_sizes"] == "1"  # auto, for the DiT
+    assert _parameters(parsed["token2wav_dit"])["flow_compile"] == "false"  # auto, for the DiT
     assert _parameters(parsed["audio_tokenizer"])["model_dir"] == str(checkpoint / "CosyVoice2-0.5B")
 
     command = ["bash", "run.sh", "10", "10", "--model", "cosyvoice2_dit", "--model_source", "synthetic-tiny"]

@@ -9,6 +9,7 @@ whatever the process's RNG state was); ours is the seed-0 draw, the same in ever
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -77,14 +78,16 @@ class DiTCFM(nn.Module):
         cache: EstimatorCache | None = None,
         padding: FramePadding | None = None,
         entries_out: Tensor | None = None,
+        estimator: Callable[..., tuple[Tensor, DiTCache | None]] | None = None,
     ) -> tuple[Tensor, EstimatorCache | None]:
         """The Euler loop from x [B, 80, T] → (mel [B, 80, T] in x's dtype, this chunk's own cache entries:
         each step's convolution inputs after it and its keys ‖ values [steps, depth, 2B, heads, T, 2 head_dim];
         None without `cache`).
 
         `padding` (2B rows, the conditioned then the unconditioned ones) marks a right-padded call's valid
-        frames; `entries_out` is where to put the keys ‖ values. Only tensor operations: a CUDA graph can
-        capture it whole."""
+        frames; `entries_out` is where to put the keys ‖ values; `estimator` runs in place of the module's
+        own (the compiled one the graphs capture). Only tensor operations: a CUDA graph can capture it whole."""
+        estimator = self.estimator if estimator is None else estimator
         t_span = time_schedule(n_timesteps, SCHEDULER, mu.device, mu.dtype)
         rate = self.inference_cfg_rate
         mu_in = torch.cat([mu, torch.zeros_like(mu)])
@@ -95,7 +98,7 @@ class DiTCFM(nn.Module):
         for step in range(1, n_timesteps + 1):
             step_cache = None if cache is None else DiTCache(cache.cnn[step - 1], cache.att[step - 1])
             t_in = t.expand(2 * x.size(0)).to(x.dtype)
-            velocity, step_cache = self.estimator(
+            velocity, step_cache = estimator(
                 torch.cat([x, x]), mu_in, t_in, spks_in, cond_in, step_cache, padding
             )
             conditioned, unconditioned = velocity.chunk(2)

@@ -9,7 +9,8 @@ out the valid frames: the mel and, for a chunk, the new cache = the chunk's own 
 before the cache it was given (that tensor, not the padded copy). Several streams' calls can run as one batch
 (`run`); rows of zeros fill it up to a captured batch size. Calls that fit no bucket, other step counts and
 other batch shapes run as `DiTCFM` does; without a graph (CPU, or over the memory limit) the padded call runs
-eagerly. Graphs share one memory pool, the padded cache input is one buffer per batch size (the largest cache
+eagerly. With the config's `compile`, the graphs hold the estimator as torch.compile made it (sizes dynamic);
+calls that run without a graph keep the plain one. Graphs share one memory pool, the padded cache input is one buffer per batch size (the largest cache
 bucket; smaller buckets read its first frames), and the keys ‖ values output one per batch size and chunk
 bucket; `capture` goes from the fewest frames up and stops adding graphs once they pass `memory_limit_mib`.
 """
@@ -17,7 +18,7 @@ bucket; `capture` goes from the fewest frames up and stops adding graphs once th
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -121,6 +122,7 @@ class GraphedDiTCFM:
         self._graphs: dict[GraphKey, _Graph] = {}
         self._shared: dict[tuple, Tensor] = {}
         self._lock = threading.Lock()
+        self.captured_estimator = torch.compile(cfm.estimator, dynamic=True) if self.config.compile else None
         self.calls = {"graph": 0, "padded": 0, "eager": 0}
 
     @property
@@ -278,7 +280,9 @@ class GraphedDiTCFM:
                 inputs.cache.cnn[:, :, i::batch].copy_(row.cache.cnn)
                 inputs.cache.att[:, :, i::batch, :, : row.cache_frames].copy_(row.cache.att)
 
-    def _solve(self, inputs: _Inputs) -> tuple[Tensor, EstimatorCache | None]:
+    def _solve(
+        self, inputs: _Inputs, estimator: Callable[..., tuple] | None = None
+    ) -> tuple[Tensor, EstimatorCache | None]:
         frames = torch.cat([inputs.frames, inputs.frames])
         if inputs.cache is None:
             padding = frame_padding(frames, inputs.mu.size(2))
@@ -294,6 +298,7 @@ class GraphedDiTCFM:
             inputs.cache,
             padding,
             inputs.entries,
+            estimator,
         )
 
     @staticmethod
@@ -334,7 +339,9 @@ class GraphedDiTCFM:
             inputs = self._inputs(key, shared=True)
             inputs.frames.fill_(key[2])
             inputs.cache_frames.fill_(key[3])
-            graph, out = capture_graph(lambda: self._solve(inputs), self.device, pool)
+            graph, out = capture_graph(
+                lambda: self._solve(inputs, self.captured_estimator), self.device, pool
+            )
             self._graphs[key] = _Graph(graph, inputs, out)
 
         ordered = sorted(keys, key=lambda k: (k[1] * k[2], k[3], not k[0], k))
