@@ -116,3 +116,20 @@ def test_a_refused_call_fails_alone(t2w, speakers) -> None:
     assert isinstance(results[1], np.ndarray) and results[1].size > 0
     t2w.cancel(good.request_id)
     assert t2w.open_streams == []
+
+
+def test_a_stream_that_fails_after_the_flow_fails_alone_and_is_dropped(t2w, speakers, monkeypatch) -> None:
+    calls = [plans(speakers)[rid][0] for rid in ("s0", "s1")]
+    real = t2w._continue
+
+    def failing(call, state, flowed):
+        if call.request_id == "s1":
+            raise RuntimeError("vocoder failed")
+        return real(call, state, flowed)
+
+    monkeypatch.setattr(t2w, "_continue", failing)
+    results = t2w.stream_many(calls)
+    assert isinstance(results[1], RuntimeError)
+    assert isinstance(results[0], np.ndarray) and results[0].size > 0
+    assert t2w.open_streams == ["s0"]
+    t2w.cancel("s0")

@@ -291,16 +291,16 @@ class DiTToken2Wav:
         and "vocoder", the GPU synchronized at each mark.
         """
         result = self.stream_many([DiTStreamCall(request_id, speaker, tokens, finalize)], timer)[0]
-        if isinstance(result, ValueError):
+        if isinstance(result, Exception):
             raise result
         return result
 
     def stream_many(
         self, calls: Sequence[DiTStreamCall], timer: StageTimer | None = None
-    ) -> list[np.ndarray | ValueError]:
-        """`stream` of each call (or its ValueError), the flows of calls of different streams decoded in
+    ) -> list[np.ndarray | Exception]:
+        """`stream` of each call (or what it raised), the flows of calls of different streams decoded in
         batches where the flow's graphs allow; two calls of one stream run one after the other, in order."""
-        results: list[np.ndarray | ValueError | None] = [None] * len(calls)
+        results: list[np.ndarray | Exception | None] = [None] * len(calls)
         pending = list(range(len(calls)))
         while pending:
             seen: set[str] = set()
@@ -327,7 +327,7 @@ class DiTToken2Wav:
         self,
         calls: list[DiTStreamCall],
         slots: list[int],
-        results: list[np.ndarray | ValueError | None],
+        results: list[np.ndarray | Exception | None],
         timer: StageTimer | None,
     ) -> None:
         opened: list[tuple[DiTStreamCall, int, _Stream, Tensor]] = []
@@ -341,7 +341,11 @@ class DiTToken2Wav:
         flowed = dict(zip((slot for _, slot, _, _ in flowing), self.flow.inference_chunks(chunks)))
         mark_on_device(timer, "flow", self.device)
         for call, slot, state, _ in opened:
-            results[slot] = self._continue(call, state, flowed.get(slot))
+            try:
+                results[slot] = self._continue(call, state, flowed.get(slot))
+            except Exception as err:  # this stream fails alone
+                self.cancel(call.request_id)
+                results[slot] = err
         mark_on_device(timer, "vocoder", self.device)
 
     def _continue(
