@@ -133,3 +133,32 @@ def test_a_stream_that_fails_after_the_flow_fails_alone_and_is_dropped(t2w, spea
     assert isinstance(results[0], np.ndarray) and results[0].size > 0
     assert t2w.open_streams == ["s0"]
     t2w.cancel("s0")
+
+
+OFFLINE = DiTFlowGraphConfig(buckets=(256,), batch_sizes=(1, 2, 4), streaming=(False,))
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["plain", "batched"])
+def test_whole_utterances_together_give_each_ones_audio(constant_source, speakers, padded) -> None:
+    t2w = constant_source
+    utterances = [
+        (np.random.default_rng(20 + i).integers(0, 6561, n).astype(np.int32), speakers[i % 2])
+        for i, n in enumerate((20, 35, 28))
+    ]
+    expected = [t2w.offline(tokens, speaker) for tokens, speaker in utterances]
+    bad = (np.array([1, 7000], dtype=np.int32), speakers[0])
+    empty = (np.zeros(0, dtype=np.int32), speakers[1])
+    if padded:
+        t2w.flow.graphed_decoder = GraphedDiTCFM(t2w.flow.decoder, t2w.flow.config.n_timesteps, OFFLINE)
+    try:
+        got = t2w.offline_many([utterances[0], bad, utterances[1], empty, utterances[2]])
+        calls = None if not padded else dict(t2w.flow.graphed_decoder.calls)
+    finally:
+        t2w.flow.graphed_decoder = None
+    assert isinstance(got[1], ValueError) and "7000" in str(got[1])
+    assert got[3].shape == (0,)
+    if padded:
+        assert calls == {"graph": 0, "padded": 1, "eager": 0}, calls  # three utterances in one padded call
+    for audio, alone in zip((got[0], got[2], got[4]), expected):
+        assert audio.shape == alone.shape
+        assert float(np.abs(audio - alone).max()) < BATCHED_AUDIO_BOUND

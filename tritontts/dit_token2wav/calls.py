@@ -1,5 +1,6 @@
-"""What one execute of the `token2wav_dit` Triton model runs: its requests' speakers, whole utterances one by
-one, and the streams' calls together (`DiTToken2Wav.stream_many`, their flows batched where the graphs allow).
+"""What one execute of the `token2wav_dit` Triton model runs: its requests' speakers, then the whole utterances
+together (`DiTToken2Wav.offline_many`) and the streams' calls together (`DiTToken2Wav.stream_many`), their flows
+batched where the graphs allow.
 A request that fails gets its exception in its place; a stream whose call failed is dropped."""
 
 from __future__ import annotations
@@ -36,17 +37,13 @@ def run_calls(
             results[i] = err
     if timer is not None:
         timer.mark("frontend")
-    streamed = []
-    for i, call in enumerate(calls):
-        if results[i] is not None:
-            continue
-        if call.stream_id is not None:
-            streamed.append(i)
-            continue
-        try:
-            results[i] = model.offline(call.inputs.tokens, speakers[i])
-        except Exception as err:
-            results[i] = err
+    pending = [i for i in range(len(calls)) if results[i] is None]
+    whole = [i for i in pending if calls[i].stream_id is None]
+    streamed = [i for i in pending if calls[i].stream_id is not None]
+    if whole:
+        audios = model.offline_many([(calls[i].inputs.tokens, speakers[i]) for i in whole])
+        for i, audio in zip(whole, audios):
+            results[i] = audio
     stream_calls = [
         DiTStreamCall(calls[i].stream_id, speakers[i], calls[i].inputs.tokens, bool(calls[i].inputs.finalize))
         for i in streamed

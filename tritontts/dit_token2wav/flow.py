@@ -43,6 +43,17 @@ class FlowCache:
 
 
 @dataclass(frozen=True)
+class FlowUtterance:
+    """One whole utterance: tokens int [1, N] (prompt then target), the prompt's mel [1, F, 80], the speaker
+    x-vector [1, spk_embed_dim] and the flow's start [1, 80, 2N] (None: the fixed noise)."""
+
+    tokens: Tensor
+    prompt_feat: Tensor
+    embedding: Tensor
+    noise: Tensor | None = None
+
+
+@dataclass(frozen=True)
 class FlowChunk:
     """One streamed chunk: tokens int [1, T] (the last `pre_lookahead_len` look-ahead unless `last_chunk`),
     the speaker x-vector [1, spk_embed_dim] and the cache it continues."""
@@ -113,18 +124,48 @@ class DiTFlow(nn.Module):
         Returns:
             float32 [1, 80, token_mel_ratio * N]; the target's mel is what follows the first F frames.
         """
-        tokens = self._tokens(tokens)
-        spks = self._speaker(embedding)
+        return self._raised(
+            self.inference_many([FlowUtterance(tokens, prompt_feat, embedding, noise)], n_timesteps)[0]
+        )
+
+    @staticmethod
+    def _raised(result: Tensor | ValueError) -> Tensor:
+        if isinstance(result, ValueError):
+            raise result
+        return result
+
+    def _encode_utterance(self, utterance: FlowUtterance) -> FlowRow:
+        tokens = self._tokens(utterance.tokens)
+        spks = self._speaker(utterance.embedding)
         x = self.input_embedding(torch.clamp(tokens, min=0))
         h, _ = self.encoder(x, torch.tensor([tokens.size(1)], device=self.device))
         mu = self.encoder_proj(h).transpose(1, 2).contiguous()
-        frames = prompt_feat.size(1)
+        frames = utterance.prompt_feat.size(1)
         if frames > mu.size(2):
             raise ValueError(f"prompt mel has {frames} frames, more than the {mu.size(2)} of the tokens")
         cond = torch.zeros_like(mu)
-        cond[:, :, :frames] = prompt_feat.to(self.device, self.dtype).transpose(1, 2)
+        cond[:, :, :frames] = utterance.prompt_feat.to(self.device, self.dtype).transpose(1, 2)
+        return FlowRow(mu, spks, cond, noise=utterance.noise)
+
+    @torch.inference_mode()
+    def inference_many(
+        self, utterances: Sequence[FlowUtterance], n_timesteps: int | None = None
+    ) -> list[Tensor | ValueError]:
+        """`inference` of each utterance (or the ValueError its inputs raise), their decoders batched where a
+        graph allows (`use_cuda_graphs` with batch sizes above 1)."""
         steps = n_timesteps or self.config.n_timesteps
-        return self._decoder(mu, spks, cond, steps, noise).float()
+        encoded: list[FlowRow | ValueError] = []
+        for utterance in utterances:
+            try:
+                encoded.append(self._encode_utterance(utterance))
+            except ValueError as err:
+                encoded.append(err)
+        rows = [row for row in encoded if isinstance(row, FlowRow)]
+        if self.graphed_decoder is not None:
+            mels = iter([mel for mel, _ in self.graphed_decoder.run(rows, steps, streaming=False)])
+        else:
+            mels = iter([self.decoder(r.mu, r.spks, r.cond, steps, r.noise) for r in rows])
+        return [row if isinstance(row, ValueError) else next(mels).float() for row in encoded]
 
     def _encode_chunk(
         self, tokens: Tensor, spks: Tensor, cond: Tensor | None, last_chunk: bool, cache: FlowCache | None

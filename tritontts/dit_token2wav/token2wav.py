@@ -43,7 +43,7 @@ from tritontts.cosyvoice2.token2wav import fade_in_out
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import mark_on_device, resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
-from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, FlowChunk, load_dit_flow
+from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, FlowChunk, FlowUtterance, load_dit_flow
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
 from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
@@ -249,14 +249,41 @@ class DiTToken2Wav:
 
     def offline(self, tokens: list[int] | np.ndarray, speaker: DiTSpeaker) -> np.ndarray:
         """Raw speech token ids [n] → float32 audio [n * 2 * 480] at 24 kHz (the flow in one pass)."""
-        ids = self._token_ids(tokens)
-        if ids.shape[1] == 0:
-            return np.zeros(0, dtype=np.float32)
-        mel = self.flow.inference(
-            torch.cat([speaker.prompt_tokens, ids], dim=1), speaker.prompt_mel, speaker.embedding
-        )
-        speech, _ = self._vocode(mel[:, :, speaker.prompt_frames :], None, self._generator())
-        return speech[0].cpu().numpy()
+        result = self.offline_many([(tokens, speaker)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def offline_many(
+        self, utterances: Sequence[tuple[list[int] | np.ndarray, DiTSpeaker]]
+    ) -> list[np.ndarray | Exception]:
+        """`offline` of each (tokens, speaker) (or what it raised), their flows decoded in batches where the
+        flow's graphs allow, then HiFT utterance by utterance."""
+        results: list[np.ndarray | Exception | None] = [None] * len(utterances)
+        flowing, slots = [], []
+        for slot, (tokens, speaker) in enumerate(utterances):
+            try:
+                ids = self._token_ids(tokens)
+            except ValueError as err:
+                results[slot] = err
+                continue
+            if ids.shape[1] == 0:
+                results[slot] = np.zeros(0, dtype=np.float32)
+                continue
+            prompted = torch.cat([speaker.prompt_tokens, ids], dim=1)
+            flowing.append(FlowUtterance(prompted, speaker.prompt_mel, speaker.embedding))
+            slots.append(slot)
+        for slot, mel in zip(slots, self.flow.inference_many(flowing)):
+            if isinstance(mel, Exception):
+                results[slot] = mel
+                continue
+            try:
+                frames = utterances[slot][1].prompt_frames
+                speech, _ = self._vocode(mel[:, :, frames:], None, self._generator())
+                results[slot] = speech[0].cpu().numpy()
+            except Exception as err:  # this utterance fails alone
+                results[slot] = err
+        return results
 
     def _check_chunk(self, request_id: str, state: _Stream, count: int, finalize: bool) -> None:
         if finalize:
