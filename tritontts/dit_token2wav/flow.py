@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,7 @@ from tritontts.dit_token2wav.graphs import FlowRow, GraphedDiTCFM
 from tritontts.qkv import fuse_qkv
 
 FLOW_FILE = "flow.pt"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,13 @@ class FlowCache:
     def trimmed(self, head: int, tail: int) -> FlowCache:
         """The estimator's keys cut to `head` + `tail` frames (see EstimatorCache.trimmed)."""
         return FlowCache(self.encoder, self.estimator.trimmed(head, tail))
+
+
+def unwrap(result: T | Exception) -> T:
+    """A result of the batched calls (`inference_many` and its like), or the exception it holds, raised."""
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 @dataclass(frozen=True)
@@ -84,10 +93,6 @@ class DiTFlow(nn.Module):
         return report
 
     @property
-    def _decoder(self) -> DiTCFM | GraphedDiTCFM:
-        return self.decoder if self.graphed_decoder is None else self.graphed_decoder
-
-    @property
     def dtype(self) -> torch.dtype:
         return self.encoder_proj.weight.dtype
 
@@ -124,15 +129,9 @@ class DiTFlow(nn.Module):
         Returns:
             float32 [1, 80, token_mel_ratio * N]; the target's mel is what follows the first F frames.
         """
-        return self._raised(
+        return unwrap(
             self.inference_many([FlowUtterance(tokens, prompt_feat, embedding, noise)], n_timesteps)[0]
         )
-
-    @staticmethod
-    def _raised(result: Tensor | ValueError) -> Tensor:
-        if isinstance(result, ValueError):
-            raise result
-        return result
 
     def _encode_utterance(self, utterance: FlowUtterance) -> FlowRow:
         tokens = self._tokens(utterance.tokens)
@@ -194,7 +193,7 @@ class DiTFlow(nn.Module):
         n_timesteps: int,
     ) -> tuple[Tensor, FlowCache]:
         row, encoder_cache = self._encode_chunk(tokens, spks, cond, last_chunk, cache)
-        (feat, estimator_cache) = self._decode_chunks([row], n_timesteps)[0]
+        feat, estimator_cache = self._decode_chunks([row], n_timesteps)[0]
         return feat, FlowCache(encoder_cache, estimator_cache)
 
     @torch.inference_mode()

@@ -10,9 +10,10 @@ before the cache it was given (that tensor, not the padded copy). Several stream
 (`run`); rows of zeros fill it up to a captured batch size. Calls that fit no bucket, other step counts and
 other batch shapes run as `DiTCFM` does; without a graph (CPU, or over the memory limit) the padded call runs
 eagerly. With the config's `compile`, the graphs hold the estimator as torch.compile made it (sizes dynamic);
-calls that run without a graph keep the plain one. Graphs share one memory pool, the padded cache input is one buffer per batch size (the largest cache
-bucket; smaller buckets read its first frames), and the keys ‖ values output one per batch size and chunk
-bucket; `capture` goes from the fewest frames up and stops adding graphs once they pass `memory_limit_mib`.
+calls that run without a graph keep the plain one. Graphs share one memory pool, the padded cache input is one
+buffer per batch size (the largest cache bucket; smaller buckets read its first frames), and the keys ‖ values
+output one per batch size and chunk bucket; `capture` goes from the fewest frames up and stops adding graphs once
+they pass `memory_limit_mib`.
 """
 
 from __future__ import annotations

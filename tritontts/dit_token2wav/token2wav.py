@@ -43,7 +43,7 @@ from tritontts.cosyvoice2.token2wav import fade_in_out
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import mark_on_device, resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
-from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, FlowChunk, FlowUtterance, load_dit_flow
+from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, FlowChunk, FlowUtterance, load_dit_flow, unwrap
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
 from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
@@ -249,10 +249,7 @@ class DiTToken2Wav:
 
     def offline(self, tokens: list[int] | np.ndarray, speaker: DiTSpeaker) -> np.ndarray:
         """Raw speech token ids [n] → float32 audio [n * 2 * 480] at 24 kHz (the flow in one pass)."""
-        result = self.offline_many([(tokens, speaker)])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return unwrap(self.offline_many([(tokens, speaker)])[0])
 
     def offline_many(
         self, utterances: Sequence[tuple[list[int] | np.ndarray, DiTSpeaker]]
@@ -317,10 +314,7 @@ class DiTToken2Wav:
         withheld tail and frees it. Calls for one request id must not overlap. `timer` gets the stages "flow"
         and "vocoder", the GPU synchronized at each mark.
         """
-        result = self.stream_many([DiTStreamCall(request_id, speaker, tokens, finalize)], timer)[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return unwrap(self.stream_many([DiTStreamCall(request_id, speaker, tokens, finalize)], timer)[0])
 
     def stream_many(
         self, calls: Sequence[DiTStreamCall], timer: StageTimer | None = None

@@ -2,7 +2,8 @@
 
 The speaker (prompt tokens, x-vector, prompt mel, flow caches) is prepared from the reference audio once and
 cached by its content. With `finalize`, one call of a stream keyed by the request id; without, a whole utterance.
-The streams' calls of one execute share batched flow calls where the graphs have batch sizes above 1.
+The calls of one execute (its streams' chunks, and its whole utterances) share batched flow calls where the
+graphs have batch sizes above 1.
 """
 
 import json
@@ -63,7 +64,7 @@ class TritonPythonModel:
         return DiTCall(inputs, stream_id, first)
 
     def execute(self, requests):
-        """Every request of this batch in one `run_calls`: the streams' flows share batched calls."""
+        """Every request of this batch in one `run_calls`: their flows share batched calls."""
         return execute_batched(
             pb_utils,
             requests,
