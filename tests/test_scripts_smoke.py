@@ -159,7 +159,9 @@ def number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def run_graph_bench_dry_check(script: Path, tmp_path: Path, *extra: str) -> dict:
+def run_graph_bench_dry_check(
+    script: Path, tmp_path: Path, *extra: str, more_cases: tuple[str, ...] = ()
+) -> dict:
     """A token2wav graph bench on the CPU (tiny synthetic checkpoint, one rep): its JSON, with the fields and the
     cases both benches share checked. Each case's graphed path ran its padded calls eagerly (no capture on CPU),
     float32, so it gives the eager mel up to rounding; the kernel counts are aten operators there."""
@@ -188,7 +190,7 @@ def run_graph_bench_dry_check(script: Path, tmp_path: Path, *extra: str) -> dict
     assert result["reps"] == 1
     assert result["capture"]["graphs"] == 0 and result["capture"]["note"]
     shared = ("first_chunk", "later_chunk", "offline_5s")
-    assert set(shared) <= set(result["cases"])
+    assert set(result["cases"]) == {*shared, *more_cases}
     for name, case in ((name, result["cases"][name]) for name in shared):
         for key in ("eager_ms", "graphed_ms", "speedup", "mel_max_abs_diff", "mel_abs_max"):
             assert number(case[key]), (name, key, case[key])
@@ -207,7 +209,7 @@ def test_bench_dit_flow_graphs_cpu_dry_check(tmp_path: Path):
     unfused q/k/v projections (the path before tritontts.qkv) and cuDNN's convolutions (before tritontts.conv_gemm),
     the other sides of the A/Bs of a GPU session."""
     extra = ("--qkv", "unfused", "--convs", "cudnn", "--batch-sizes", "1,2,4", "--streams", "3")
-    result = run_graph_bench_dry_check(DIT_BENCH, tmp_path, *extra)
+    result = run_graph_bench_dry_check(DIT_BENCH, tmp_path, *extra, more_cases=("batched_first_chunks",))
     assert result["qkv"] == "unfused" and result["convs"] == "cudnn"
     assert result["graph_config"]["batch_sizes"] == [1, 2, 4]
     batched = result["cases"]["batched_first_chunks"]["3"]  # three streams' first chunks in one padded call
