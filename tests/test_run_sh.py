@@ -378,6 +378,26 @@ def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(t
     assert _parameters(parsed["token2wav_dit"])["flow_compile"] == "false"  # auto, for the DiT
     assert _parameters(parsed["audio_tokenizer"])["model_dir"] == str(checkpoint / "CosyVoice2-0.5B")
 
+    command = [
+        "bash",
+        "run.sh",
+        "2",
+        "2",
+        "streaming",
+        "--model",
+        "cosyvoice2_dit",
+        "--model_source",
+        "synthetic-tiny",
+    ]
+    command += ["--exp_dir", str(tmp_path), "--python", sys.executable]
+    command += ["--token2wav_compile", "true", "--token2wav_graph_batch_sizes", "1,2,4"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    token2wav_dit = _parameters(
+        _parse_repo(tmp_path / "cosyvoice2_dit" / "model_repo_torch_streaming")["token2wav_dit"]
+    )
+    assert (token2wav_dit["flow_compile"], token2wav_dit["cuda_graph_batch_sizes"]) == ("true", "1,2,4")
+
     command = ["bash", "run.sh", "10", "10", "--model", "cosyvoice2_dit", "--model_source", "synthetic-tiny"]
     command += ["--exp_dir", str(tmp_path), "--python", sys.executable, "--dataset", str(bench_data)]
     command += [
