@@ -110,8 +110,8 @@ pre_lookahead_len=3                 # streaming: tokens past a chunk the flow lo
 dynamic_chunk_strategy=exponential  # streaming: exponential (hops 15, 25, 50, 100... tokens, as upstream) | time_based (upstream: hops grow while audio runs ahead) | fixed (every hop token_hop_len)
 token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfloat16 (HiFT runs in float32)
 token2wav_cuda_graphs=auto          # replay the flow decoder and the vocoder (HiFT) from CUDA graphs: auto (on CUDA) | true | false
-token2wav_compile=auto              # the flow estimator inside those graphs compiled by torch.compile (minutes at the first load, then cached on disk; H200, CosyVoice2: 25% fewer kernels a chunk, first chunk p50 70 -> 66 ms at c=1): auto (cosyvoice2, cosyvoice3: where there are graphs; cosyvoice2_dit: off, not measured on a GPU yet) | true | false
-token2wav_graph_batch_sizes=auto   # concurrent token2wav calls (of different streams) one graphed flow call takes: auto (1,2,4,8; cosyvoice2_dit 1: its batched graphs are not measured on a GPU yet) | a list such as 1,2,4
+token2wav_compile=auto              # the flow estimator inside those graphs compiled by torch.compile (minutes at the first load, then cached on disk; H100, CosyVoice2-DiT: 44% fewer kernels a chunk, first chunk p50 64 -> 51 ms at c=1, 791 -> 452 ms at c=16): auto (where there are graphs, on CUDA) | true | false
+token2wav_graph_batch_sizes=auto   # concurrent token2wav calls (of different streams) one graphed flow call takes: auto (1,2,4,8; cosyvoice2_dit 1: its batched graphs need a 17 GiB pool on an H100, and within the 4 GiB limit they mostly run uncaptured and slower) | a list such as 1,2,4
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
 onnx_threads=1                      # cosyvoice2/3: intra-op CPU threads of each speech tokenizer and CAMPPlus instance (upstream: 1)
@@ -228,7 +228,6 @@ fi
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 case "$token2wav_compile" in auto|true|false) ;; *) echo "run.sh: --token2wav_compile must be auto, true or false" >&2; exit 2 ;; esac
 flow_compile=$token2wav_compile   # auto: the model compiles where it has graphs (on CUDA)
-[ "$model" != cosyvoice2_dit ] || [ "$token2wav_compile" != auto ] || flow_compile=false   # not measured on a GPU yet
 [[ "$token2wav_instance_num" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --token2wav_instance_num must be a positive integer" >&2; exit 2; }
 [[ "$onnx_threads" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --onnx_threads must be a positive integer" >&2; exit 2; }
 if [ "$token2wav_graph_batch_sizes" = auto ]; then
