@@ -28,7 +28,8 @@ from tritontts.cosyvoice2.frontend import INPUT_SAMPLE_RATE, SPEECH_TOKENIZER_FI
 from tritontts.cosyvoice2.layout import LLM_DIR, MODEL_DIR
 from tritontts.devices import resolve_flow_dtype
 from tritontts.dit_token2wav.layout import TOKEN2WAV_DIR
-from tritontts.dit_token2wav.token2wav import SPEAKER_CACHE_SIZE, DiTSpeaker, DiTToken2Wav
+from tritontts.dit_token2wav.speaker import DiTSpeaker
+from tritontts.dit_token2wav.token2wav import SPEAKER_CACHE_SIZE, DiTToken2Wav
 from tritontts.voice_cache import VoiceCache, audio_key
 
 VOICE_KEY = "cosyvoice2_dit"

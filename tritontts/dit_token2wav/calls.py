@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tritontts.dit_token2wav.token2wav import DiTSpeaker, DiTStreamCall, DiTToken2Wav
+from tritontts.dit_token2wav.speaker import DiTSpeaker
+from tritontts.dit_token2wav.token2wav import DiTStreamCall, DiTToken2Wav
 from tritontts.dit_token2wav.wire import DiTToken2WavInputs
 from tritontts.stage_timer import StageTimer
 

@@ -1,9 +1,7 @@
 """Step-Audio-2-mini token2wav: speech tokens → 24 kHz audio, offline or streamed, from the hub's files.
 
-A speaker is prepared once per reference recording (cached by its content): prompt tokens from the 25 Hz
-speech tokenizer, the CAMPPlus x-vector, the 24 kHz prompt mel, both cut to n = min(mel_frames // 2,
-tokens) tokens and 2n frames, and the flow's caches after the prompt (`setup_cache` over the n prompt
-tokens followed by the prompt's first `pre_lookahead_len` tokens as look-ahead, as upstream does).
+A speaker (`tritontts.dit_token2wav.speaker`) is prepared once per reference recording (cached by its
+content): prompt tokens from the 25 Hz speech tokenizer, the CAMPPlus x-vector and the 24 kHz prompt mel.
 
 Streaming follows upstream's Triton `token2wav_dit` model: a call passes the chunk's tokens with its
 `pre_lookahead_len` look-ahead tokens at the end (the next call starts with them again; the last call,
@@ -33,7 +31,6 @@ from tritontts.cosyvoice2.frontend import (
     TOKENIZER_LIMITS,
     SpeakerEmbedder,
     SpeechTokenizer,
-    align_prompt_lengths,
     has_cuda_provider,
     prompt_speech_feat,
     speaker_fbank,
@@ -44,6 +41,7 @@ from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import mark_on_device, resolve_device, resolve_dtype
 from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, FlowChunk, FlowUtterance, load_dit_flow, unwrap
+from tritontts.dit_token2wav.speaker import DiTSpeaker, speaker_from_features, speech_token_ids
 from tritontts.dsp.hann_sinc_resample import hann_sinc_resample
 from tritontts.stage_timer import StageTimer
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S, StreamStates
@@ -62,7 +60,6 @@ __all__ = [
     "FLOW_YAML",
     "HIFT_FILE",
     "SPEECH_TOKENIZER_FILE",
-    "DiTSpeaker",
     "DiTStreamCall",
     "DiTToken2Wav",
 ]
@@ -77,25 +74,6 @@ def hift_config_of(path: str | Path) -> HiFTConfig:
     return HiFTConfig(
         base_channels=state[_HIFT_BASE_KEY].shape[0], f0_cond_channels=state[_HIFT_F0_KEY].shape[1]
     )
-
-
-@dataclass(frozen=True)
-class DiTSpeaker:
-    """A prepared reference voice; shared by every request that uses it, never modified."""
-
-    key: str
-    prompt_tokens: Tensor
-    """int64 [1, n] on the flow's device"""
-    prompt_mel: Tensor
-    """[1, 2n, 80] in the flow's dtype"""
-    embedding: Tensor
-    """fp32 [1, 192] CAMPPlus x-vector"""
-    cache: FlowCache
-    """the flow's caches after the prompt"""
-
-    @property
-    def prompt_frames(self) -> int:
-        return self.prompt_mel.shape[1]
 
 
 @dataclass(frozen=True)
@@ -194,36 +172,14 @@ class DiTToken2Wav:
             return None
         return torch.Generator(device=self.device).manual_seed(self.seed)
 
-    def _token_ids(self, tokens: list[int] | np.ndarray | Tensor, name: str = "tokens") -> Tensor:
-        ids = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, Tensor) else tokens)
-        if ids.dim() == 2 and ids.shape[0] == 1:
-            ids = ids[0]
-        if ids.dim() != 1:
-            raise ValueError(
-                f"{name} must be a 1-D sequence of speech token ids, got shape {tuple(ids.shape)}"
-            )
-        if ids.numel() and (ids.dtype.is_floating_point or ids.dtype == torch.bool):
-            raise ValueError(f"{name} must be integers, got {ids.dtype}")
-        bad = ids[(ids < 0) | (ids >= self.vocab_size)] if ids.numel() else ids
-        if bad.numel():
-            raise ValueError(f"{name}: speech token id {int(bad[0])} is outside [0, {self.vocab_size})")
-        return ids.to(self.device, torch.long).unsqueeze(0)
+    def _token_ids(self, tokens: list[int] | np.ndarray | Tensor) -> Tensor:
+        return speech_token_ids(tokens, self.vocab_size, self.device)
 
     def speaker_from_features(
         self, prompt_tokens: np.ndarray, prompt_mel: np.ndarray, embedding: np.ndarray, key: str = ""
     ) -> DiTSpeaker:
         """A speaker from its front-end outputs: tokens [n], mel [F, 80] at 24 kHz, x-vector [192]."""
-        tokens, mel = align_prompt_lengths(
-            np.asarray(prompt_tokens), np.asarray(prompt_mel, dtype=np.float32)
-        )
-        if len(tokens) == 0:
-            raise ValueError("the reference audio gives no prompt token (too short)")
-        ids = self._token_ids(tokens, "prompt tokens")
-        lookahead = ids[:, torch.arange(self.pre_lookahead_len, device=self.device) % ids.shape[1]]
-        mel_t = torch.from_numpy(mel)[None].to(self.device, self.flow.dtype)
-        vector = torch.as_tensor(np.asarray(embedding, dtype=np.float32)).reshape(1, -1).to(self.device)
-        cache = self.flow.setup_cache(torch.cat([ids, lookahead], dim=1), mel_t, vector)
-        return DiTSpeaker(key, ids, mel_t, vector, cache)
+        return speaker_from_features(self.flow, prompt_tokens, prompt_mel, embedding, key)
 
     def prepare_speaker(self, wav_16k: np.ndarray, name: str = REFERENCE_FIELD) -> DiTSpeaker:
         """A 16 kHz mono float reference (at most 30 s) → its speaker, computed once per distinct audio."""
