@@ -161,7 +161,7 @@ offline_batch_sizes=1,2,4,8,16      # stage 9: batch sizes run one after another
 token2wav_bench_mode=both           # stage 10: offline | streaming | both (streaming follows the BLS schedule: token_hop_len, pre_lookahead_len, dynamic_chunk_strategy)
 
 # Benchmark suite (stage 11; also takes model_source, llm_backend, llm_device as its device, exp_dir, python, dataset, split_name and the ports)
-suite_parts=all                     # stage 11: comma-separated parts or groups: engine, flow_graphs, dit_flow_graphs, vocoder_graphs (token2wav_graphs), <family>:<mode> (serving, a family, a mode); all
+suite_parts=all                     # stage 11: comma-separated parts or groups: engine, flow_graphs, dit_flow_graphs, vocoder_graphs (token2wav_graphs), <family>:<mode> (serving, a family, a mode), <family>:websocket (websocket: the speech API's WebSocket, bench_ws_ttfa.py); all
 suite_out_dir=benchmarks            # stage 11: where each part's benchmark JSON goes; RESULTS.md there is regenerated
 suite_detach=false                  # stage 11: start the suite in a new session (log and status under $exp_dir/suite/) and return at once
 suite_status=false                  # stage 11: print which parts are done, running or failed (with the failed logs' tails) instead of running them
@@ -798,7 +798,7 @@ if [ "$stage" -le 11 ] && [ "$stop_stage" -ge 11 ]; then
   suite=(--exp-dir "$exp_dir" --out-dir "$suite_out_dir" --parts "$suite_parts" --model-source "$model_source"
     --llm-backend "$llm_backend" --device "$llm_device" --python "$python" --split-name "$split_name"
     --sweep "$suite_sweep" --warmup "$suite_warmup" --serve-args "$suite_serve_args" --part-timeout "$suite_part_timeout" --commit "$suite_commit"
-    --http-port "$http_port" --grpc-port "$grpc_port" --metrics-port "$metrics_port")
+    --http-port "$http_port" --grpc-port "$grpc_port" --metrics-port "$metrics_port" --api-port "$api_port")
   [ "$dataset" = "$default_dataset" ] || suite+=(--dataset "$dataset")
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # this checkout's package, installed or not (a bare PyTorch image)
   if [ "$suite_status" = true ]; then

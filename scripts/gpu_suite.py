@@ -7,8 +7,9 @@
 Parts: engine (scripts/bench_llm.py with the reference decoder and transformers), flow_graphs, dit_flow_graphs,
 vocoder_graphs (group token2wav_graphs), and <family>:<mode> for spark_tts, cosyvoice2, cosyvoice2_dit,
 cosyvoice3 in streaming and offline (group serving; a family or a mode names its parts): run.sh stages 0-3
-serve it once, stage 4 sweeps every concurrency through it, run.sh stop ends it. Each part writes a benchmark
-JSON in the schema of tritontts/bench/results.py into --out-dir (RESULTS.md there regenerated) and a done marker
+serve it once, stage 4 sweeps every concurrency through it, run.sh stop ends it. <family>:websocket (group
+websocket): the streaming server with the speech API (stage 6) before it, timed by scripts/bench_ws_ttfa.py.
+Each part writes a benchmark JSON in the schema of tritontts/bench/results.py into --out-dir (RESULTS.md there regenerated) and a done marker
 under <exp-dir>/suite/; a rerun skips the parts done with the same settings (--force redoes them), a failed part
 does not stop the others, and `status` prints what is done, running and failed, with the failed logs' tails.
 `run --detach` starts the run in a new session (log <exp-dir>/suite/suite.log) and returns.
@@ -21,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from tritontts.bench import suite
+from tritontts.bench import suite, suite_control
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--http-port", type=int, default=8000)
     common.add_argument("--grpc-port", type=int, default=8001)
     common.add_argument("--metrics-port", type=int, default=8002)
+    common.add_argument("--api-port", type=int, default=8080, help="the websocket parts' speech API")
     common.add_argument(
         "--commit", default="auto", help="meta.commit; auto: git's HEAD (+ uncommitted changes)"
     )
@@ -78,6 +80,7 @@ def config(args: argparse.Namespace) -> suite.SuiteConfig:
         serve_args=args.serve_args,
         part_timeout_s=args.part_timeout,
         ports=(args.http_port, args.grpc_port, args.metrics_port),
+        api_port=args.api_port,
         commit=args.commit,
         reps=args.reps,
     )
@@ -93,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "status":
-            return suite.status(cfg, args.wait, args.tail)
+            return suite_control.status(cfg, args.wait, args.tail)
         if args.detach:
             child = [sys.executable, str(Path(__file__).resolve()), *(a for a in argv if a != "--detach")]
-            return suite.detach(cfg, child)
-        return suite.run(cfg, [sys.executable, __file__, *argv])
+            return suite_control.detach(cfg, child)
+        return suite_control.run(cfg, [sys.executable, __file__, *argv])
     except RuntimeError as error:  # --device cuda without a GPU
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tritontts.bench import results, suite, suite_rows
+from tritontts.bench import results, suite, suite_rows, suite_websocket
 from tritontts.bench.suite_state import SuiteState
 from tritontts.triton.server import free_ports
 
@@ -219,10 +220,60 @@ def test_parts_are_selected_by_name_and_group_in_the_suites_order():
     assert suite.select_parts("all") == suite.ALL_PARTS
     assert suite.select_parts("cosyvoice3:offline,engine") == ("engine", "cosyvoice3:offline")
     assert suite.select_parts("token2wav_graphs") == ("flow_graphs", "dit_flow_graphs", "vocoder_graphs")
-    assert suite.select_parts("spark_tts") == ("spark_tts:streaming", "spark_tts:offline")
+    assert suite.select_parts("spark_tts") == (
+        "spark_tts:streaming",
+        "spark_tts:offline",
+        "spark_tts:websocket",
+    )
     assert len(suite.select_parts("streaming")) == 4 and len(suite.select_parts("serving")) == 8
+    assert suite.select_parts("websocket") == tuple(f"{f}:websocket" for f in suite.FAMILIES)
+    assert suite.select_parts("all")[-4:] == suite.select_parts("websocket")
     with pytest.raises(ValueError, match="unknown suite part 'nope'"):
         suite.select_parts("engine,nope")
+
+
+def test_websocket_parts_run_sentence_mode_and_bistream_where_the_family_has_it():
+    assert [label for label, _ in suite_websocket.bench_runs("spark_tts")] == ["sentence_default"]
+    runs = dict(suite_websocket.bench_runs("cosyvoice3"))
+    assert list(runs) == ["sentence_default", "bistream_instruct", "bistream_default"]
+    assert "--bistream" in runs["bistream_default"] and "--instructions" in runs["bistream_instruct"]
+    assert [suite_websocket.api_model(f) for f in suite.FAMILIES] == [
+        "spark-tts",
+        "cosyvoice2",
+        "cosyvoice2-dit",
+        "cosyvoice3",
+    ]
+    argv = suite_websocket.bench_argv("py", "cosyvoice2_dit", 9000, "1,16", Path("o.json"), ["--bistream"])
+    assert argv[argv.index("--url") + 1] == "ws://127.0.0.1:9000/v1/audio/speech/stream"
+    assert argv[argv.index("--model") + 1] == "cosyvoice2-dit" and argv[-1] == "--bistream"
+    assert suite.shown_command(argv, "py").startswith(
+        "python scripts/bench_ws_ttfa.py --model cosyvoice2-dit"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_a_websocket_part_times_the_speech_api_and_stops_it(tmp_path, bench_data):
+    """Spark-TTS's websocket part on the CPU: its server, the speech API before it, sentence mode at c=1; the
+    JSON holds one row per level under the family's name, and neither the API nor the server outlives it."""
+    ports = free_ports(4)
+    args = suite_args(tmp_path, bench_data)
+    args[args.index("spark_tts:streaming")] = "spark_tts:websocket"
+    try:
+        done = run_sh(tmp_path, ports[:3], *args, "--api_port", str(ports[3]))
+    finally:
+        run_sh(tmp_path, ports[:3], "stop", "--model", "spark_tts", timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((tmp_path / "out" / "suite_spark_tts_websocket_cpu_tiny_synthetic.json").read_text())
+    assert results.validate(data, "websocket") == []
+    (row,) = data["headline"]
+    assert (row["model"], row["mode"], row["concurrency"]) == ("spark_tts", "websocket sentence", 1)
+    assert row["first_chunk_p50_ms"] > 0 and "0 failed" in row["note"]
+    assert list(data["raw"]) == ["sentence_default"] and "bench_ws_ttfa.py" in " ".join(
+        data["meta"]["command"]
+    )
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", ports[3]), timeout=2).close()
 
 
 def test_state_tells_interrupted_and_stale_parts_from_done_ones(tmp_path):
@@ -333,7 +384,7 @@ def test_status_of_a_fresh_exp_dir_writes_nothing(tmp_path):
         timeout=60,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
-    assert done.returncode == 3 and "0 of 12 parts done, 0 failed" in done.stdout
+    assert done.returncode == 3 and "0 of 16 parts done, 0 failed" in done.stdout
     assert not (tmp_path / "exp").exists() and time.monotonic() - started < 60
 
 

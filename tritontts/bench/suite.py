@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tritontts.bench import results, suite_rows
+from tritontts.bench import results, suite_rows, suite_websocket
 from tritontts.bench.suite_config import (  # noqa: F401 (the suite's names, for scripts/gpu_suite.py and tests)
     ALL_PARTS,
     FAMILIES,
@@ -171,7 +171,10 @@ class Runner:
         self.command(stop, log, time.monotonic() + STOP_TIMEOUT_S, [])  # a server a killed run left behind
         try:
             source = ["--model_source", c.model_source, "--llm_backend", c.llm_backend]
-            self.command(self.run_sh("0", "3", mode, *model, *source, *serve), log, deadline, commands)
+            served = "streaming" if mode == "websocket" else mode
+            self.command(self.run_sh("0", "3", served, *model, *source, *serve), log, deadline, commands)
+            if mode == "websocket":
+                return self.websocket_benches(family, folder, deadline, commands)
             bench = ["--realistic_lengths", "true", "--warmup", str(c.warmup), "--sweep", c.sweep]
             bench += ["--log_dir", str(bench_dir), "--split_name", c.split_name]
             bench += ["--dataset", c.dataset] if c.dataset else []
@@ -190,11 +193,54 @@ class Runner:
             (folder / name).write_bytes((bench_dir / name).read_bytes())
         return summary, suite_rows.serving_rows(summary, family, suite_rows.serving_layout(serve, family))
 
+    def websocket_benches(
+        self, family: str, folder: Path, deadline: float, commands: list[str]
+    ) -> tuple[dict, list]:
+        """The speech API (run.sh stage 6, in its own process group) before the running server, then every
+        bench_ws_ttfa.py run of the family; the API is ended before returning."""
+        c = self.config
+        voices = c.exp_dir / family / "suite_voices"
+        api = self.run_sh(
+            "6", "6", "--model", family, "--api_port", str(c.api_port), "--voices_dir", str(voices)
+        )
+        commands.append(shown_command(api, c.python) + " &")
+        with open(folder / "api.log", "a", encoding="utf-8") as out:
+            process = subprocess.Popen(
+                api, cwd=REPO, env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            wait = min(deadline, time.monotonic() + suite_websocket.HEALTH_WAIT_S)
+            problem = suite_websocket.wait_healthy(c.api_port, wait, lambda: process.poll() is None)
+            if problem:
+                raise PartFailed(f"{problem}; see {folder / 'api.log'}")
+            outputs = {}
+            for label, options in suite_websocket.bench_runs(family):
+                outputs[label] = folder / f"ws_{label}.json"
+                argv = suite_websocket.bench_argv(
+                    c.python, family, c.api_port, c.sweep, outputs[label], [*options, "--commit", self.commit]
+                )
+                self.command(argv, folder / "log", deadline, commands)
+        finally:
+            self.kill(process)
+        return suite_websocket.websocket_rows(family, outputs)
+
     def what(self, part: str) -> str:
         if part in SCRIPT_WHAT:
             return f"{SCRIPT_WHAT[part]}, run.sh stage 11 part {part}."
         family, mode = part.split(":")
         c = self.config
+        if mode == "websocket":
+            return (
+                f"{FAMILY_NAMES[family]} over the speech WebSocket (run.sh stage 6 before its streaming server): time "
+                f"to first audio after the first text delta, text written at 20 words a second, at "
+                f"c={c.sweep.replace(',', ', ')} (2 rounds each), sentence mode"
+                + (
+                    ""
+                    if family == "spark_tts"
+                    else ", and bistream with the default voice and with instruct2"
+                )
+                + f"; checkpoint {c.model_source}, run.sh stage 11 part {part}."
+            )
         return (
             f"{FAMILY_NAMES[family]} {mode} through one tritonserver at c={c.sweep.replace(',', ', ')} (forced "
             f"realistic lengths, {c.warmup} warm-up rows), checkpoint {c.model_source}, run.sh stage 11 part {part}."
@@ -301,75 +347,3 @@ class Runner:
         self.write_status()
         self.echo(render_status(self.state, self.statuses(), 20))
         return 1 if failed else 0
-
-
-def _terminate(signum, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
-def run(config: SuiteConfig, argv: list[str]) -> int:
-    """One runner at a time per exp dir; SIGTERM ends the part in progress (its server stopped) and the run."""
-    runner = Runner(config)
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        with runner.state.runner(list(config.parts), argv):
-            return runner.run()
-    except BlockingIOError:
-        info = runner.state.runner_info() or {}
-        print(
-            f"error: a suite runner (pid {info.get('pid', '?')}) is already running on {runner.state.root}",
-            file=sys.stderr,
-        )
-        return 2
-
-
-def detach(config: SuiteConfig, argv: list[str], wait_s: float = 20.0) -> int:
-    """Starts `argv` (this runner without --detach) in a new session from this working directory, its output
-    into suite.log; returns once it holds the runner lock, or with its exit status when it ended first."""
-    state = SuiteState(config.exp_dir)
-    state.root.mkdir(parents=True, exist_ok=True)
-    if state.runner_info() is not None:
-        print(f"error: a suite runner is already running on {state.root}", file=sys.stderr)
-        return 2
-    with open(state.log, "a", encoding="utf-8") as log:
-        log.write(f"\n=== {datetime.datetime.now():%F %T} detached: {shlex.join(argv)}\n")
-        log.flush()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        process = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        info = state.runner_info()
-        if info is not None and info.get("pid") == process.pid:
-            print(
-                f"suite running in the background (pid {process.pid}); log {state.log}; status {state.status_file}"
-            )
-            return 0
-        if process.poll() is not None:
-            print(
-                f"the suite ran in the background and ended already (exit {process.returncode}); log {state.log}"
-            )
-            return process.returncode
-        time.sleep(0.2)
-    print(f"suite started in the background (pid {process.pid}); log {state.log}")
-    return 0
-
-
-def status(config: SuiteConfig, wait_s: float = 0.0, tail_lines: int = 30) -> int:
-    """Prints every selected part's state, after waiting up to `wait_s` for a running suite to end.
-    0: all done; 1: one failed; 3: some not done yet (pending, running, interrupted, stale)."""
-    runner = Runner(config)
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end and runner.state.runner_info() is not None:
-        time.sleep(min(5.0, max(0.1, end - time.monotonic())))
-    statuses = runner.statuses()
-    print(render_status(runner.state, statuses, tail_lines), end="")
-    if any(s.state == "failed" for s in statuses):
-        return 1
-    return 0 if all(s.state == "done" for s in statuses) else 3

@@ -18,12 +18,17 @@ FAMILIES = ("spark_tts", "cosyvoice2", "cosyvoice2_dit", "cosyvoice3")
 MODES = ("streaming", "offline")
 SCRIPT_PARTS = ("engine", "flow_graphs", "dit_flow_graphs", "vocoder_graphs")
 SERVING_PARTS = tuple(f"{family}:{mode}" for family in FAMILIES for mode in MODES)
-ALL_PARTS = SCRIPT_PARTS + SERVING_PARTS
+WEBSOCKET_PARTS = tuple(f"{family}:websocket" for family in FAMILIES)
+ALL_PARTS = SCRIPT_PARTS + SERVING_PARTS + WEBSOCKET_PARTS
 GROUPS = {
     "all": ALL_PARTS,
     "token2wav_graphs": ("flow_graphs", "dit_flow_graphs", "vocoder_graphs"),
     "serving": SERVING_PARTS,
-    **{family: tuple(p for p in SERVING_PARTS if p.startswith(f"{family}:")) for family in FAMILIES},
+    "websocket": WEBSOCKET_PARTS,
+    **{
+        family: tuple(p for p in SERVING_PARTS + WEBSOCKET_PARTS if p.startswith(f"{family}:"))
+        for family in FAMILIES
+    },
     **{mode: tuple(p for p in SERVING_PARTS if p.endswith(f":{mode}")) for mode in MODES},
 }
 GPU_SERVE_ARGS = "--llm_compile true --llm_max_batch_size 16 --bls_instance_num 16"
@@ -150,6 +155,7 @@ class SuiteConfig:
     serve_args: str = "auto"  # auto: GPU_SERVE_ARGS on a GPU host, none on the CPU
     part_timeout_s: float = 900.0
     ports: tuple[int, int, int] = (8000, 8001, 8002)
+    api_port: int = 8080  # the websocket parts' speech API
     commit: str = "auto"
     reps: int = 10
 
@@ -176,7 +182,17 @@ class SuiteConfig:
         }
 
 
-HIDDEN_OPTIONS = ("--exp_dir", "--python", "--http_port", "--grpc_port", "--metrics_port", "--log_dir")
+HIDDEN_OPTIONS = (
+    "--exp_dir",
+    "--python",
+    "--http_port",
+    "--grpc_port",
+    "--metrics_port",
+    "--log_dir",
+    "--api_port",
+    "--voices_dir",
+    "--url",
+)
 
 
 def shown_command(argv: list[str], python: str) -> str:
