@@ -200,9 +200,8 @@ class Runner:
         bench_ws_ttfa.py run of the family; the API is ended before returning."""
         c = self.config
         voices = c.exp_dir / family / "suite_voices"
-        api = self.run_sh(
-            "6", "6", "--model", family, "--api_port", str(c.api_port), "--voices_dir", str(voices)
-        )
+        api = self.run_sh("6", "6", "--model", family, "--api_model_name", family)
+        api += ["--api_port", str(c.api_port), "--voices_dir", str(voices)]
         commands.append(shown_command(api, c.python) + " &")
         with open(folder / "api.log", "a", encoding="utf-8") as out:
             process = subprocess.Popen(
@@ -222,7 +221,7 @@ class Runner:
                 self.command(argv, folder / "log", deadline, commands)
         finally:
             self.kill(process)
-        return suite_websocket.websocket_rows(family, outputs)
+        return suite_websocket.websocket_rows(outputs)
 
     def what(self, part: str) -> str:
         if part in SCRIPT_WHAT:

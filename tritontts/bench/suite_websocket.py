@@ -1,5 +1,5 @@
-"""The suite's `<family>:websocket` parts: the speech API (run.sh stage 6) in front of the family's streaming
-server, and scripts/bench_ws_ttfa.py timing the first audio after the first text delta, text written at 20 words a
+"""The suite's `<family>:websocket` parts: the speech API (run.sh stage 6, the family served under its own name)
+in front of the family's streaming server, and scripts/bench_ws_ttfa.py timing the first audio after the first text delta, text written at 20 words a
 second (its default text), at the suite's concurrencies.
 
 Every family runs sentence mode with the default voice (run.sh's reference audio); the CosyVoice families also run
@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from tritontts.triton.server import answers_ok
 
 INSTRUCTIONS = "Speak in a calm voice."
 ZERO_SHOT = "zero-shot voice, run.sh's reference audio"
 HEALTH_WAIT_S = 120.0
-
-
-def api_model(family: str) -> str:
-    """The model name run.sh's stage 6 serves a family under (`--api_model_name auto`)."""
-    return "spark-tts" if family == "spark_tts" else family.replace("_", "-")
 
 
 def bench_runs(family: str) -> list[tuple[str, list[str]]]:
@@ -47,7 +42,7 @@ def bench_argv(
         "--url",
         f"ws://127.0.0.1:{api_port}/v1/audio/speech/stream",
         "--model",
-        api_model(family),
+        family,
         "--concurrency",
         sweep,
         "--rounds",
@@ -65,21 +60,17 @@ def wait_healthy(api_port: int, deadline: float, alive) -> str | None:
     while time.monotonic() < deadline:
         if not alive():
             return "the speech API exited before it was healthy"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return None
-        except (urllib.error.URLError, OSError):
-            pass
+        if answers_ok(url):
+            return None
         time.sleep(0.5)
-    return f"the speech API was not healthy within {HEALTH_WAIT_S:.0f} s"
+    return "the speech API was not healthy in time"
 
 
-def websocket_rows(family: str, outputs: dict[str, Path]) -> tuple[dict, list[dict]]:
-    """(raw: each run's levels, headline: each run's rows under the family's name) from bench_ws_ttfa's files."""
+def websocket_rows(outputs: dict[str, Path]) -> tuple[dict, list[dict]]:
+    """(raw: each run's levels, headline: each run's rows) from bench_ws_ttfa's files."""
     raw, headline = {}, []
     for label, path in outputs.items():
         data = json.loads(path.read_text(encoding="utf-8"))
         raw[label] = data["levels"]
-        headline += [{**row, "model": family} for row in data["headline"]]
+        headline += data["headline"]
     return raw, headline
