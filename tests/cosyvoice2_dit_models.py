@@ -39,7 +39,7 @@ def build_cosyvoice2_dit_models(repo: Path, data: Path) -> None:
         "token2wav_dit",
         repo,
         TOKEN2WAV_DIT,
-        f"model_dir:{token2wav_dir},{COMMON},device:cpu,dtype:float32,instance_num:1,cuda_graphs:auto,cuda_graph_batch_sizes:1\\,2,flow_compile:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},first_chunk_priority:false",
+        f"model_dir:{token2wav_dir},{COMMON},device:cpu,dtype:float32,instance_num:1,cuda_graphs:auto,cuda_graph_batch_sizes:1\\,2,flow_compile:false,max_reference_seconds:{MAX_REFERENCE_SECONDS},first_chunk_priority:false,first_chunks_first:true",
     )
     for name, decoupled, llm in (
         ("cosyvoice2_dit", True, "tensorrt_llm"),

@@ -103,7 +103,8 @@ def install_token2wav(
         repo,
         name,
         f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,"
-        f"stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:{str(priority).lower()}",
+        f"stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:{str(priority).lower()},"
+        "first_chunks_first:true",
     )
 
 

@@ -14,7 +14,7 @@ from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
 from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS, Token2WavInputs, parse_token2wav_inputs
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
-from tritontts.triton.batched_flow import execute_batched, flow_placement
+from tritontts.triton.batched_flow import execute_batched, first_chunks_first, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
@@ -37,6 +37,7 @@ class TritonPythonModel:
         )
         self.stages = token2wav_stage_seconds(pb_utils, args)
         self.holder = first_chunk_holder(config, args, device)
+        self.first_chunks_first = first_chunks_first(config)
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)
         self.instances = stream_instances(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
@@ -61,7 +62,7 @@ class TritonPythonModel:
         return Token2WavCall(*prompt, stream_id, inputs.token_offset, inputs.finalize)
 
     def execute(self, requests):
-        """Every request of this batch in one `run_many`: their flow decoders share batched calls."""
+        """The requests of this batch share batched flow decoder calls; streams' first chunks go first."""
         return execute_batched(
             pb_utils,
             requests,
@@ -73,6 +74,7 @@ class TritonPythonModel:
                 [pb_utils.Tensor("waveform", audio.float().cpu().numpy().reshape(1, -1))]
             ),
             self.holder,
+            self.first_chunks_first,
         )
 
     def finalize(self):

@@ -15,7 +15,7 @@ from tritontts.dit_token2wav.calls import DiTCall, run_calls
 from tritontts.dit_token2wav.token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.wire import parse_dit_token2wav_inputs
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
-from tritontts.triton.batched_flow import execute_batched, flow_placement
+from tritontts.triton.batched_flow import execute_batched, first_chunks_first, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
@@ -45,6 +45,7 @@ class TritonPythonModel:
         )
         self.stages = token2wav_stage_seconds(pb_utils, args)
         self.holder = first_chunk_holder(config, args, device)
+        self.first_chunks_first = first_chunks_first(config)
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)
         self.instances = stream_instances(config)
         self.limits = AudioLimits(
@@ -64,7 +65,7 @@ class TritonPythonModel:
         return DiTCall(inputs, stream_id, first)
 
     def execute(self, requests):
-        """Every request of this batch in one `run_calls`: their flows share batched calls."""
+        """The requests of this batch share batched flow calls; streams' first chunks go first."""
         return execute_batched(
             pb_utils,
             requests,
@@ -74,6 +75,7 @@ class TritonPythonModel:
             lambda call: call.first_of_stream,
             lambda audio: pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]),
             self.holder,
+            self.first_chunks_first,
         )
 
     def finalize(self):

@@ -12,7 +12,7 @@ from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS
 from tritontts.cosyvoice3.token2mel import Token2Mel
 from tritontts.cosyvoice3.wire import Token2MelCall, parse_token2mel_inputs
-from tritontts.triton.batched_flow import execute_batched, flow_placement
+from tritontts.triton.batched_flow import execute_batched, first_chunks_first, flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
@@ -28,6 +28,7 @@ class TritonPythonModel:
         self.model = Token2Mel.from_model_dir(model_param(config, "model_dir"), device, dtype, graphs)
         self.stages = token2wav_stage_seconds(pb_utils, args)
         self.holder = first_chunk_holder(config, args, device)
+        self.first_chunks_first = first_chunks_first(config)
         if device.type == "cuda" and self.model.default is not None:
             warm_up_streams(self.model.run_many, self._warm_up_call)
 
@@ -50,6 +51,7 @@ class TritonPythonModel:
             lambda call: call.token_offset == 0,
             lambda mel: pb_utils.InferenceResponse([pb_utils.Tensor("mel", mel.cpu().numpy()[None])]),
             self.holder,
+            self.first_chunks_first,
         )
 
     def finalize(self):
