@@ -91,7 +91,7 @@ server_cpu_threads=auto             # stages 3 and 7: OMP_NUM_THREADS of the ser
 server_malloc_arena_max=2           # stages 3 and 7: MALLOC_ARENA_MAX of the servers (glibc malloc arenas of tritonserver and its stubs; glibc's default, 8 per core, let tritonserver's private memory creep up for 30 minutes of traffic); 0: leave it to the environment
 server_extra_args=""                # stages 3 and 7: more tritonserver arguments, shell-quoted, e.g. "--trace-config triton,file=exp/trace_{server}.json --trace-config rate=1 --trace-config level=TIMESTAMPS" (docs/benchmarks.md: one request's timeline); {server} becomes each server's name where several start
 cuda_mps=false                      # stages 3 and 7: start NVIDIA MPS first, so the LLM and token2wav processes share the GPU at once instead of taking turns (H100: CosyVoice3 first chunk 218 -> 176 ms); run.sh stop ends it
-first_chunk_priority=true           # stage 2, CosyVoice families, torch LLM beside token2wav on one GPU: the LLM holds its decode steps while token2wav makes a stream's first chunk (at most 0.2 s, only while every stream it decodes has more audio in hand than that); docs/gpu-hosts.md#first-chunks-before-llm-steps
+first_chunk_priority=true           # stage 2, torch LLM beside token2wav (CosyVoice families) or the vocoder (Spark-TTS) on one GPU: the LLM holds its decode steps while they make a stream's first chunk (at most 0.2 s, only while every stream it decodes has more audio in hand than that); docs/gpu-hosts.md#first-chunks-before-llm-steps
 mps_pipe_dir=/tmp/nvidia-mps        # CUDA_MPS_PIPE_DIRECTORY of that daemon (a short path: it holds a unix socket)
 
 # Streaming schedule (seconds) and generation
@@ -217,8 +217,11 @@ case "$llm_decode_attention" in auto|triton|torch) ;; *) echo "run.sh: --llm_dec
 case "$llm_decode_linear" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_linear must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$text_normalization" in true|false) ;; *) echo "run.sh: --text_normalization must be true or false" >&2; exit 2 ;; esac
 audio_tokens_per_s=25   # speech tokens per second of audio: CosyVoice 25, BiCodec's semantic tokens 50
-llm_first_chunk_priority=$first_chunk_priority   # Spark-TTS has no token2wav to make way for
-[ "$model" != spark_tts ] || { audio_tokens_per_s=50; llm_first_chunk_priority=false; }
+first_chunk_tokens=$((token_hop_len + pre_lookahead_len))   # the tokens of a stream's first chunk
+if [ "$model" = spark_tts ]; then
+  audio_tokens_per_s=50
+  first_chunk_tokens=$(awk -v s="$audio_chunk_duration" 'BEGIN { t = s * 50; print (t == int(t)) ? t : int(t) + 1 }')
+fi
 if [ "$llm_output_tokens_from" = auto ]; then
   case "$model" in spark_tts) llm_output_tokens_from="<|endoftext|>" ;; *) llm_output_tokens_from="<|s_0|>" ;; esac
 elif [ "$llm_output_tokens_from" = all ]; then
@@ -625,7 +628,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     fill "$model_repo/audio_tokenizer/config.pbtxt" \
       "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device},max_reference_seconds:${max_reference_seconds}"
     fill "$model_repo/vocoder/config.pbtxt" \
-      "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device},cuda_graphs:${vocoder_cuda_graphs}"
+      "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device},cuda_graphs:${vocoder_cuda_graphs},first_chunk_priority:${first_chunk_priority}"
     fill "$model_repo/spark_tts/config.pbtxt" \
       "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_llm_dir},${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds}"
   fi
@@ -638,7 +641,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     mkdir -p "$model_repo/tensorrt_llm"
     cp -r model_repo/tensorrt_llm_torch/. "$model_repo/tensorrt_llm/"
     fill "$model_repo/tensorrt_llm/config.pbtxt" \
-      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval},llm_output_tokens_from:${llm_output_tokens_from},first_chunk_priority:${llm_first_chunk_priority},audio_tokens_per_s:${audio_tokens_per_s},first_chunk_tokens:$((token_hop_len + pre_lookahead_len))"
+      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval},llm_output_tokens_from:${llm_output_tokens_from},first_chunk_priority:${first_chunk_priority},audio_tokens_per_s:${audio_tokens_per_s},first_chunk_tokens:${first_chunk_tokens}"
   fi
   [ -z "$instance_gpus" ] || spread_over_gpus "$model_repo"
 fi

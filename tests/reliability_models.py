@@ -22,7 +22,7 @@ from cosyvoice2_models import PREFIX as COSY
 from cosyvoice2_models import TEMPLATES as COSY_TEMPLATES
 from cosyvoice2_models import bls_values, checkpoint_paths
 from http_service import start_python
-from spark_models import COMMON, STREAMING, install
+from spark_models import COMMON, install, install_spark_bls
 from waiting import scaled, wait_started, wait_until
 
 from tritontts.spark import tokens
@@ -60,19 +60,10 @@ def _bls(
     queue: int,
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> None:
-    path = install(
-        "spark_tts",
-        repo,
-        name,
-        f"bls_instance_num:{instances},llm_tokenizer_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},"
-        f"{STREAMING},max_new_tokens:{max_new_tokens},max_text_length:300,text_normalization:false,max_reference_seconds:30",
-    )
-    config = path / "config.pbtxt"
     roles = {"tensorrt_llm": llm, "audio_tokenizer": TOKENIZER, "vocoder": VOCODER}
-    models = "".join(
-        f'  {{ key: "{r}_model", value: {{ string_value: "{m}" }} }},\n' for r, m in roles.items()
-    )
-    text = config.read_text().replace('  { key: "voice_cache_size"', models + '  { key: "voice_cache_size"')
+    path = install_spark_bls(repo, name, model_dir, decoupled, roles, instances, max_new_tokens)
+    config = path / "config.pbtxt"
+    text = config.read_text()
     text, count = QUEUE_POLICY.subn(rf"\1: {queue}", text)
     assert count == 1, "the spark_tts template lost its queue policy"
     config.write_text(text)
@@ -84,7 +75,7 @@ def build_reliability_models(repo: Path, data: Path) -> None:
     model_dir = write_spark_checkpoint(data / "spark_tiny", preset="tiny", seed=0).resolve()
     front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu"
     install("audio_tokenizer", repo, TOKENIZER, f"{front},max_reference_seconds:30")
-    install("vocoder", repo, VOCODER, f"{front},cuda_graphs:auto")
+    install("vocoder", repo, VOCODER, f"{front},cuda_graphs:auto,first_chunk_priority:false")
     for name, decoupled, slots in ((LLM_STREAM, True, LLM_SLOTS), (LLM_OFFLINE, False, 8)):
         install(
             "tensorrt_llm_torch",
@@ -107,7 +98,7 @@ def build_reliability_cosyvoice2_models(repo: Path, data: Path) -> None:
         "token2wav",
         repo,
         COSY_TOKEN2WAV,
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false",
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false,first_chunks_first:true",
         COSY_TEMPLATES,
     )
     values = bls_values(model_dir, llm_dir, True, "tensorrt_llm", token2wav=COSY_TOKEN2WAV)

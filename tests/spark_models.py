@@ -34,6 +34,34 @@ def install(template: str, repo: Path, name: str, values: str, templates: Path =
     return target
 
 
+def install_spark_bls(
+    repo: Path,
+    name: str,
+    model_dir: Path,
+    decoupled: bool,
+    models: dict[str, str],
+    instances: int = 2,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> Path:
+    """The `spark_tts` BLS as model `name`, calling `models` ({role: model name}) in place of the roles' defaults."""
+    path = install(
+        "spark_tts",
+        repo,
+        name,
+        f"bls_instance_num:{instances},llm_tokenizer_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},"
+        f"{STREAMING},max_new_tokens:{max_new_tokens},max_text_length:300,text_normalization:false,"
+        "max_reference_seconds:30",
+    )
+    config = path / "config.pbtxt"
+    entries = "".join(
+        f'  {{ key: "{role}_model", value: {{ string_value: "{m}" }} }},\n' for role, m in models.items()
+    )
+    config.write_text(
+        config.read_text().replace('  { key: "voice_cache_size"', entries + '  { key: "voice_cache_size"')
+    )
+    return path
+
+
 SPARK_SERVING = (
     "audio_tokenizer",
     "vocoder",
@@ -59,7 +87,7 @@ def build_spark_models(repo: Path, data: Path) -> None:
         "vocoder",
         repo,
         "vocoder",
-        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto",
+        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto,first_chunk_priority:false",
     )
     for name, decoupled, slots, interval in (
         ("tensorrt_llm", True, LLM_SLOTS, "auto"),
@@ -79,17 +107,4 @@ def build_spark_models(repo: Path, data: Path) -> None:
         ("spark_tts", True, "tensorrt_llm"),
         ("spark_tts_offline", False, "tensorrt_llm_offline"),
     ):
-        path = install(
-            "spark_tts",
-            repo,
-            name,
-            f"bls_instance_num:2,llm_tokenizer_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},{STREAMING},"
-            f"max_new_tokens:{MAX_NEW_TOKENS},max_text_length:300,text_normalization:false,max_reference_seconds:30",
-        )
-        config = path / "config.pbtxt"
-        config.write_text(
-            config.read_text().replace(
-                '  { key: "voice_cache_size"',
-                f'  {{ key: "tensorrt_llm_model", value: {{ string_value: "{llm}" }} }},\n  {{ key: "voice_cache_size"',
-            )
-        )
+        install_spark_bls(repo, name, model_dir, decoupled, {"tensorrt_llm": llm})

@@ -1,6 +1,7 @@
 """First chunks before LLM steps (tritontts.triton.first_chunk_priority): the shared board across processes, the
-LLM engine's pause on it, and CosyVoice2 and CosyVoice2-DiT on the real tritonserver with the switch on (the same
-audio as with it off, and the engine's held seconds counted); CosyVoice3's is in test_cosyvoice3_triton.py."""
+LLM engine's pause on it, and CosyVoice2, CosyVoice2-DiT and Spark-TTS (its vocoder) on the real tritonserver with
+the switch on (the same audio as with it off, and the engine's held seconds counted); CosyVoice3's is in
+test_cosyvoice3_triton.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from cosyvoice2_dit_models import (
@@ -29,15 +31,17 @@ from cosyvoice2_models import (
     install_template,
     install_token2wav,
 )
-from cosyvoice_triton import reference_request
+from cosyvoice_triton import infer, reference_request, tokens
 from first_chunk_checks import held_seconds, same_audio_and_more_held_seconds
-from spark_models import COMMON
+from spark_models import COMMON, build_spark_models, install, install_spark_bls
 from triton_interpreter import tiny_model
+from triton_stream import stream_waveforms
 from waiting import wait_until
 
 from tritontts.audio import load_wav
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.sequence import SamplingParams, Sequence
+from tritontts.spark import tokens as spark_tokens
 from tritontts.triton.first_chunk_priority import FirstChunkHolder, YieldToFirstChunks, board_path
 
 TOKEN2WAV = PREFIX + "token2wav_priority"
@@ -72,11 +76,42 @@ def build_dit_priority_models(repo: Path, data: Path) -> None:
         repo,
         TOKEN2WAV_DIT_PRIORITY,
         f"model_dir:{token2wav_dir},{COMMON},device:cpu,dtype:float32,instance_num:1,cuda_graphs:auto,"
-        "cuda_graph_batch_sizes:1,flow_compile:false,max_reference_seconds:30,first_chunk_priority:true",
+        "cuda_graph_batch_sizes:1,flow_compile:false,max_reference_seconds:30,first_chunk_priority:true,first_chunks_first:true",
     )
     install_template(
         TEMPLATES, "cosyvoice2_dit", repo, DIT_BLS, dit_bls_values(llm_dir, True, LLM, TOKEN2WAV_DIT_PRIORITY)
     )
+
+
+SPARK_VOCODER, SPARK_LLM, SPARK_BLS = (
+    "spark_vocoder_priority",
+    "spark_tensorrt_llm_priority",
+    "spark_priority",
+)
+SPARK_FIRST_CHUNK_TOKENS = 50
+"""spark_models.STREAMING's first chunk: 1 s of BiCodec's 50 semantic tokens a second."""
+
+
+def build_spark_priority_models(repo: Path, data: Path) -> None:
+    """The Spark-TTS streaming BLS over a vocoder and an LLM engine with `first_chunk_priority` true, as run.sh
+    configures them for spark_tts."""
+    model_dir = (data.parent / build_spark_models.__name__ / "spark_tiny").resolve()
+    install(
+        "vocoder",
+        repo,
+        SPARK_VOCODER,
+        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto,first_chunk_priority:true",
+    )
+    install(
+        "tensorrt_llm_torch",
+        repo,
+        SPARK_LLM,
+        f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:true,llm_max_batch_size:4,llm_max_seq_len:1024,"
+        "llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,"
+        f"llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:{spark_tokens.OUTPUT_WINDOW_FROM},"
+        f"first_chunk_priority:true,audio_tokens_per_s:50,first_chunk_tokens:{SPARK_FIRST_CHUNK_TOKENS}",
+    )
+    install_spark_bls(repo, SPARK_BLS, model_dir, True, {"tensorrt_llm": SPARK_LLM, "vocoder": SPARK_VOCODER})
 
 
 TRITON_MODELS = [
@@ -84,8 +119,10 @@ TRITON_MODELS = [
     build_priority_models,
     build_cosyvoice2_dit_models,
     build_dit_priority_models,
+    build_spark_models,
+    build_spark_priority_models,
 ]
-UNLOAD_AFTER = (BLS, LLM, TOKEN2WAV, DIT_BLS, TOKEN2WAV_DIT_PRIORITY)
+UNLOAD_AFTER = (BLS, LLM, TOKEN2WAV, DIT_BLS, TOKEN2WAV_DIT_PRIORITY, SPARK_BLS, SPARK_LLM, SPARK_VOCODER)
 
 
 def run_holder(board: Path, hold: bool) -> subprocess.Popen:
@@ -310,3 +347,35 @@ def test_the_dit_token2wavs_first_chunks_hold_the_llm_and_leave_the_audio_alone(
         load_wav(prompt_zh, 16000)[: 16000 * 3], "身临其境，换新体验。", "吃燕窝就选燕之屋"
     )
     same_audio_and_more_held_seconds(server, PLAIN_DIT_BLS, DIT_BLS, LLM, values)
+
+
+def test_spark_ttss_vocoder_holds_the_llm_for_first_chunks_and_leaves_the_audio_alone(triton, prompt_zh):
+    """The vocoder gives a flagged first chunk the audio the plain vocoder gives it; streams of the BLS over the
+    priority vocoder and LLM are as long as the plain BLS's (the tokens are sampled, so not the same samples:
+    the engine test above shows a hold changes no token), and the LLM counts held seconds."""
+    server = triton.load("audio_tokenizer", "vocoder", "tensorrt_llm", "spark_tts")
+    server = triton.load(SPARK_VOCODER, SPARK_LLM, SPARK_BLS)
+    assert board_path(server.repo / SPARK_VOCODER, torch.device("cpu")).exists()
+    rng = np.random.default_rng(0)
+    chunk = {
+        "global_tokens": rng.integers(0, 4096, (1, 32)).astype(np.int32),
+        "semantic_tokens": rng.integers(0, 8192, (1, SPARK_FIRST_CHUNK_TOKENS)).astype(np.int32),
+    }
+    flagged = infer(server, SPARK_VOCODER, chunk | {"first_chunk": np.ones((1, 1), dtype=bool)})
+    np.testing.assert_allclose(flagged, infer(server, "vocoder", chunk), atol=1e-6)
+
+    values = reference_request(
+        load_wav(prompt_zh, 16000)[: 16000 * 3], "身临其境，换新体验。", "吃燕窝就选燕之屋"
+    )
+    held_before = held_seconds(server, SPARK_LLM)
+    plain = stream_waveforms(server.grpc_url, "spark_tts", values, tokens(100))
+    for _ in range(3):
+        held = stream_waveforms(server.grpc_url, SPARK_BLS, values, tokens(100))
+        assert [c.size for c in held] == [c.size for c in plain]
+    wait_until(
+        lambda: held_seconds(server, SPARK_LLM),
+        lambda seconds: seconds > held_before,
+        f"{SPARK_LLM}'s held seconds above {held_before} after three streams of {SPARK_BLS}",
+        timeout=10,
+    )
+    assert held_seconds(server, "tensorrt_llm") == 0.0

@@ -79,7 +79,8 @@ class RequestLimits:
 
 TokenizeVoice = Callable[[np.ndarray], VoiceTokens]
 Generate = Callable[[np.ndarray, SamplingParams, bool], Iterator[np.ndarray]]
-Vocode = Callable[[np.ndarray, np.ndarray], np.ndarray]
+Vocode = Callable[[np.ndarray, np.ndarray, bool], np.ndarray]
+"""(global tokens, semantic tokens, whether they are a stream's first chunk) → audio."""
 FirstChunkStages = Callable[[dict[str, float]], None]
 FIRST_CHUNK_STAGES = ("frontend", "llm_first_token", "llm_chunk_tokens", "vocoder")
 """A stream's first chunk: the voice (audio_tokenizer, or the voice cache) and prompt, the LLM until its first
@@ -294,7 +295,7 @@ class SparkTTSService:
             global_tokens = self._created_globals(self.prompter.ids.global_ids(generated))
         else:
             global_tokens = voice.global_tokens
-        return self.vocode(global_tokens, np.asarray(semantic, dtype=np.int32))
+        return self.vocode(global_tokens, np.asarray(semantic, dtype=np.int32), False)
 
     def stream(
         self, request: SparkRequest, on_first_chunk: FirstChunkStages | None = None
@@ -316,7 +317,7 @@ class SparkTTSService:
             nonlocal vocoded
             if vocoded == 0:
                 timer.mark("llm_chunk_tokens")
-            audio = self.vocode(global_tokens, np.asarray(chunk, dtype=np.int32))
+            audio = self.vocode(global_tokens, np.asarray(chunk, dtype=np.int32), vocoded == 0)
             if vocoded == 0 and on_first_chunk is not None:
                 timer.mark("vocoder")
                 on_first_chunk(timer.stages)

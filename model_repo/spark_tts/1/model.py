@@ -124,16 +124,13 @@ class TritonPythonModel:
             self.decoupled,
         )
 
-    def _vocode(self, global_tokens, semantic_tokens):
-        out = call_model(
-            pb_utils,
-            self.models["vocoder"],
-            {
-                "global_tokens": global_tokens.reshape(1, -1).astype(np.int32),
-                "semantic_tokens": semantic_tokens.reshape(1, -1).astype(np.int32),
-            },
-            ["waveform"],
-        )
+    def _vocode(self, global_tokens, semantic_tokens, first_chunk):
+        inputs = {
+            "global_tokens": global_tokens.reshape(1, -1).astype(np.int32),
+            "semantic_tokens": semantic_tokens.reshape(1, -1).astype(np.int32),
+            "first_chunk": np.full((1, 1), first_chunk, dtype=bool),
+        }
+        out = call_model(pb_utils, self.models["vocoder"], inputs, ["waveform"])
         return out["waveform"].reshape(-1)
 
     def _parse(self, request):

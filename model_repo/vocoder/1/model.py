@@ -1,6 +1,7 @@
 """BiCodec vocoder: the requests of one execute are turned into audio in a few padded passes, each request's audio
 as it would be alone; on CUDA the passes replay from CUDA graphs (parameter `cuda_graphs`: auto | true | false),
-the shorter ones captured at load."""
+the shorter ones captured at load. With `first_chunk_priority`, an execute holding a stream's first chunk
+(`first_chunk`) holds the LLM on this GPU (tritontts.triton.first_chunk_priority)."""
 
 import json
 
@@ -10,8 +11,9 @@ import triton_python_backend_utils as pb_utils
 from tritontts.cuda_graphs import graphs_wanted
 from tritontts.spark.codec import SparkCodec
 from tritontts.triton.debug import enable_stack_dumps
+from tritontts.triton.first_chunk_priority import first_chunk_holder, holding
 from tritontts.triton.instance_device import instance_device
-from tritontts.triton.params import RequestError, error_response, model_param, required_input
+from tritontts.triton.params import RequestError, error_response, model_param, optional_input, required_input
 from tritontts.triton.stubs import end_stub_process
 
 GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK = 4096, 8192
@@ -26,6 +28,11 @@ def _token_row(request, name, codebook):
     return tokens[0]
 
 
+def _first_chunk(request) -> bool:
+    flag = optional_input(pb_utils, request, "first_chunk")
+    return flag is not None and bool(flag.any())
+
+
 class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dumps()
@@ -35,12 +42,14 @@ class TritonPythonModel:
         self.codec = SparkCodec(
             model_param(config, "model_dir"), device, with_tokenizer=False, cuda_graphs=graphs
         )
+        self.holder = first_chunk_holder(config, args, device)
         captured = self.codec.detokenizer.warm()
         if captured:
             pb_utils.Logger.log_info(f"vocoder: {captured} padded passes captured in CUDA graphs")
 
     def execute(self, requests):
         responses, globals_, semantics, slots = [None] * len(requests), [], [], []
+        first_chunk = False
         for i, request in enumerate(requests):
             try:
                 g = _token_row(request, "global_tokens", GLOBAL_CODEBOOK)
@@ -50,10 +59,12 @@ class TritonPythonModel:
                 globals_.append(g)
                 semantics.append(s)
                 slots.append(i)
+                first_chunk = first_chunk or _first_chunk(request)
             except Exception as err:
                 responses[i] = error_response(pb_utils, err)
         try:
-            audios = self.codec.detokenize(globals_, semantics) if slots else []
+            with holding(self.holder, first_chunk):
+                audios = self.codec.detokenize(globals_, semantics) if slots else []
         except Exception as err:
             audios = [err] * len(slots)
         for i, audio in zip(slots, audios):
@@ -64,4 +75,6 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        if self.holder is not None:
+            self.holder.close()
         end_stub_process()
