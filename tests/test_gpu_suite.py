@@ -243,6 +243,22 @@ def test_websocket_parts_run_sentence_mode_and_bistream_where_the_family_has_it(
     assert suite.shown_command(argv, "py").startswith(
         "python scripts/bench_ws_ttfa.py --model cosyvoice2_dit"
     )
+    assert suite_websocket.runs_described("spark_tts") == "sentence mode"
+    assert suite_websocket.runs_described("cosyvoice2") == (
+        "sentence mode, bistream with instruct2 and bistream with the default voice"
+    )
+
+
+def test_a_websocket_parts_settings_leave_out_what_only_stage_4_reads():
+    """A new dataset or warm-up redoes the serving parts, not the websocket parts (the bench sends its own text)."""
+    device = suite.Device("cuda", "NVIDIA H100 80GB HBM3", 1)
+    config = suite.SuiteConfig(exp_dir=Path("exp"), model_source="synthetic-full")
+    other = suite.SuiteConfig(exp_dir=Path("exp"), model_source="synthetic-full", dataset="mine", warmup=5)
+    for part, same in (("cosyvoice2:websocket", True), ("cosyvoice2:streaming", False)):
+        assert (config.settings(part, device) == other.settings(part, device)) is same
+    assert config.settings("cosyvoice2:websocket", device) != suite.SuiteConfig(
+        exp_dir=Path("exp"), model_source="synthetic-full", sweep="1,16"
+    ).settings("cosyvoice2:websocket", device)
 
 
 @pytest.mark.slow

@@ -232,13 +232,8 @@ class Runner:
             return (
                 f"{FAMILY_NAMES[family]} over the speech WebSocket (run.sh stage 6 before its streaming server): time "
                 f"to first audio after the first text delta, text written at 20 words a second, at "
-                f"c={c.sweep.replace(',', ', ')} (2 rounds each), sentence mode"
-                + (
-                    ""
-                    if family == "spark_tts"
-                    else ", and bistream with the default voice and with instruct2"
-                )
-                + f"; checkpoint {c.model_source}, run.sh stage 11 part {part}."
+                f"c={c.sweep.replace(',', ', ')} (2 rounds each), {suite_websocket.runs_described(family)}; "
+                f"checkpoint {c.model_source}, run.sh stage 11 part {part}."
             )
         return (
             f"{FAMILY_NAMES[family]} {mode} through one tritonserver at c={c.sweep.replace(',', ', ')} (forced "

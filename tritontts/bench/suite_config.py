@@ -172,14 +172,14 @@ class SuiteConfig:
             return common | {"tiny": self.model_source == "synthetic-tiny"}
         if part in SCRIPT_PARTS:
             return common | {"reps": self.reps}
-        return common | {
+        served = {
             "llm_backend": self.llm_backend,
-            "dataset": self.dataset,
-            "split": self.split_name,
             "sweep": self.sweep,
-            "warmup": self.warmup,
             "serve_args": self.serving_args(device),
         }
+        if part.endswith(":websocket"):  # the WebSocket bench sends its own text, no dataset rows
+            return common | served
+        return common | served | {"dataset": self.dataset, "split": self.split_name, "warmup": self.warmup}
 
 
 HIDDEN_OPTIONS = (

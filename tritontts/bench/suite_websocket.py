@@ -33,6 +33,19 @@ def bench_runs(family: str) -> list[tuple[str, list[str]]]:
     return runs
 
 
+RUN_WORDS = {
+    "sentence_default": "sentence mode",
+    "bistream_instruct": "bistream with instruct2",
+    "bistream_default": "bistream with the default voice",
+}
+
+
+def runs_described(family: str) -> str:
+    """The runs of `bench_runs(family)` in words, for the part's `what`."""
+    words = [RUN_WORDS[label] for label, _ in bench_runs(family)]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def bench_argv(
     python: str, family: str, api_port: int, sweep: str, output: Path, options: list[str]
 ) -> list[str]:
