@@ -112,7 +112,7 @@ token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfl
 token2wav_cuda_graphs=auto          # replay the flow decoder and the vocoder (HiFT) from CUDA graphs: auto (on CUDA) | true | false
 token2wav_compile=auto              # the flow estimator inside those graphs compiled by torch.compile (minutes at the first load, then cached on disk; H100, CosyVoice2-DiT: 44% fewer kernels a chunk, first chunk p50 64 -> 51 ms at c=1, 791 -> 452 ms at c=16): auto (where there are graphs, on CUDA) | true | false
 token2wav_graph_batch_sizes=auto   # concurrent token2wav calls (of different streams) one graphed flow call takes: auto (1,2,4,8; cosyvoice2_dit 1: its batched graphs need a 17 GiB pool on an H100, and within the 4 GiB limit they mostly run uncaptured and slower) | a list such as 1,2,4
-token2wav_first_chunks_first=true  # stage 2, CosyVoice families: token2wav makes and answers the streams' first chunks of a batch before its later chunks (H100 figures: docs/gpu-hosts.md#first-chunks-first-in-a-batch)
+token2wav_first_chunks_first=true  # stage 2, CosyVoice families: true (token2wav makes and answers the streams' first chunks of a batch before its later chunks) | queue (a worker runs every waiting first chunk before the next group of later calls; not yet measured on a GPU) | false; docs/gpu-hosts.md#first-chunks-first-in-a-batch
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
 onnx_threads=1                      # cosyvoice2/3: intra-op CPU threads of each speech tokenizer and CAMPPlus instance (upstream: 1)
@@ -244,7 +244,7 @@ case "$build_python_stub" in auto|true|false) ;; *) echo "run.sh: --build_python
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
 case "$first_chunk_priority" in true|false) ;; *) echo "run.sh: --first_chunk_priority must be true or false" >&2; exit 2 ;; esac
-case "$token2wav_first_chunks_first" in true|false) ;; *) echo "run.sh: --token2wav_first_chunks_first must be true or false" >&2; exit 2 ;; esac
+case "$token2wav_first_chunks_first" in true|queue|false) ;; *) echo "run.sh: --token2wav_first_chunks_first must be true, queue or false" >&2; exit 2 ;; esac
 case "$llm_compile" in auto|true|false) ;; *) echo "run.sh: --llm_compile must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$bls_instance_num" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --bls_instance_num must be auto or a positive integer" >&2; exit 2; }
 case "$gpu_layout" in servers|instances) ;; *) echo "run.sh: --gpu_layout must be servers or instances, not '$gpu_layout'" >&2; exit 2 ;; esac

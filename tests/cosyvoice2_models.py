@@ -93,7 +93,12 @@ def install_shared_models(templates: Path, repo: Path, prefix: str, model_dir: P
 
 
 def install_token2wav(
-    templates: Path, repo: Path, name: str, model_dir: Path, priority: bool = False
+    templates: Path,
+    repo: Path,
+    name: str,
+    model_dir: Path,
+    priority: bool = False,
+    first_chunks_first: str = "true",
 ) -> None:
     """The token2wav of `templates` (CosyVoice2's or CosyVoice3's) as Triton model `name` (CPU, float32;
     `priority`: its first_chunk_priority)."""
@@ -104,7 +109,7 @@ def install_token2wav(
         name,
         f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,"
         f"stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:{str(priority).lower()},"
-        "first_chunks_first:true",
+        f"first_chunks_first:{first_chunks_first}",
     )
 
 

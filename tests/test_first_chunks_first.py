@@ -1,6 +1,7 @@
-"""First chunks first (tritontts.triton.batched_flow): the token2wav models answer the streams' first chunks of
-an execute before its later chunks, through each request's response sender, on the real tritonserver with the
-tiny synthetic CosyVoice2 token2wav; and the ordering of execute_batched itself."""
+"""First chunks first (tritontts.triton.token2wav_calls): the token2wav models answer the streams' first chunks
+before the later chunks queued with them, through each request's response sender, on the real tritonserver with
+the tiny synthetic CosyVoice2 token2wav (`first_chunks_first` true and queue); and the groups Token2WavCalls makes.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +12,25 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from cosyvoice2_models import PREFIX, build_cosyvoice2_models
+from cosyvoice2_models import PREFIX, TEMPLATES, build_cosyvoice2_models, checkpoint_paths, install_token2wav
 from triton_stream import make_inputs
 from waiting import wait_until
 
 from tritontts.bench.server_stages import TOKEN2WAV_COUNT, scrape
 from tritontts.cosyvoice2.wire import token2wav_arrays
 from tritontts.stage_timer import StageTimer
-from tritontts.triton.batched_flow import execute_batched
+from tritontts.triton.token2wav_calls import Token2WavCalls
 
-TOKEN2WAV = PREFIX + "token2wav"
-TRITON_MODELS = [build_cosyvoice2_models]
+TOKEN2WAV, QUEUED = PREFIX + "token2wav", PREFIX + "token2wav_queue"
+
+
+def build_queued_token2wav(repo, data) -> None:
+    model_dir = checkpoint_paths(data.parent / build_cosyvoice2_models.__name__).model_dir.resolve()
+    install_token2wav(TEMPLATES, repo, QUEUED, model_dir, first_chunks_first="queue")
+
+
+TRITON_MODELS = [build_cosyvoice2_models, build_queued_token2wav]
+UNLOAD_AFTER = (QUEUED,)
 BUSY_TOKENS = 1500
 """An offline call this long keeps the tiny token2wav busy for seconds on a CPU."""
 BUSY_HEAD_START_S = 0.3
@@ -29,7 +38,7 @@ BUSY_HEAD_START_S = 0.3
 
 @pytest.fixture(scope="module")
 def server(triton):
-    return triton.load(TOKEN2WAV)
+    return triton.load(TOKEN2WAV, QUEUED)
 
 
 def infer(server, model: str, values: dict, request_id: str) -> np.ndarray:
@@ -41,13 +50,13 @@ def infer(server, model: str, values: dict, request_id: str) -> np.ndarray:
         client.close()
 
 
-def first_chunk_executions(server) -> float:
+def first_chunk_executions(server, model: str) -> float:
     url = f"http://127.0.0.1:{server.server.config.metrics_port}/metrics"
     return sum(
         value
         for (name, labels), value in scrape(url).items()
         if name == TOKEN2WAV_COUNT
-        and dict(labels).get("model") == TOKEN2WAV
+        and dict(labels).get("model") == model
         and dict(labels).get("chunk") == "first"
     )
 
@@ -56,15 +65,17 @@ def _tokens(count: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 6561, count).astype(np.int32)
 
 
-def test_a_first_chunk_batched_with_later_chunks_is_answered_before_them(server):
+@pytest.mark.parametrize("model", [TOKEN2WAV, QUEUED])
+def test_a_first_chunk_queued_with_later_chunks_is_answered_before_them(server, model):
     """Stream Y has had its first chunk. While a long offline call keeps the model busy, X's first, Y's second
-    and Z's first arrive, so Triton batches them into the next execute: X's and Z's answers come before Y's,
-    and each first chunk is the audio it is alone."""
+    and Z's first arrive (Triton batches them into the next execute; with `queue` they wait in the worker's
+    queue): X's and Z's answers come before Y's, as one first-chunk group, and each first chunk is the audio it
+    is alone."""
     y, x, z = _tokens(120, 1), _tokens(18, 2), _tokens(18, 3)
-    idle = first_chunk_executions(server)
-    infer(server, TOKEN2WAV, token2wav_arrays(y[:18], token_offset=0, finalize=False), request_id="y")
+    idle = first_chunk_executions(server, model)
+    infer(server, model, token2wav_arrays(y[:18], token_offset=0, finalize=False), request_id="y")
     before = wait_until(
-        lambda: first_chunk_executions(server),
+        lambda: first_chunk_executions(server, model),
         lambda count: count == idle + 1,
         "Y's first chunk counted as a first-chunk execution",
         timeout=10,
@@ -75,16 +86,14 @@ def test_a_first_chunk_batched_with_later_chunks_is_answered_before_them(server)
         "z": token2wav_arrays(z, token_offset=0, finalize=False),
     }
     answered: dict[str, tuple[float, np.ndarray]] = {}
-    busy = threading.Thread(
-        target=infer, args=(server, TOKEN2WAV, token2wav_arrays(_tokens(BUSY_TOKENS, 4)), "")
-    )
+    busy = threading.Thread(target=infer, args=(server, model, token2wav_arrays(_tokens(BUSY_TOKENS, 4)), ""))
     busy.start()
     time.sleep(BUSY_HEAD_START_S)
 
     def call(stream: str) -> None:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         try:
-            result = client.infer(TOKEN2WAV, make_inputs(calls[stream]), request_id=stream)
+            result = client.infer(model, make_inputs(calls[stream]), request_id=stream)
             answered[stream] = (time.monotonic(), result.as_numpy("waveform").reshape(-1))
         finally:
             client.close()
@@ -97,17 +106,17 @@ def test_a_first_chunk_batched_with_later_chunks_is_answered_before_them(server)
     assert set(answered) == set(calls)
     assert answered["x"][0] < answered["y"][0] and answered["z"][0] < answered["y"][0]
     wait_until(
-        lambda: first_chunk_executions(server),
+        lambda: first_chunk_executions(server, model),
         lambda count: count == before + 1,
         "X's and Z's first chunks counted as one first-chunk execution apart from Y's later chunk",
         timeout=10,
     )
     for stream in ("x", "z"):
-        alone = infer(server, TOKEN2WAV, calls[stream], request_id=f"{stream}-alone")
+        alone = infer(server, model, calls[stream], request_id=f"{stream}-alone")
         np.testing.assert_allclose(answered[stream][1], alone, atol=1e-5)
     for stream in ("x", "y", "z", "x-alone", "z-alone"):
         finalize = token2wav_arrays(_tokens(20, 9), token_offset=0, finalize=True)
-        infer(server, TOKEN2WAV, finalize, request_id=stream)
+        infer(server, model, finalize, request_id=stream)
 
 
 @dataclass
@@ -142,49 +151,82 @@ class _Stages:
         self.added.append((stages, chunk))
 
 
-@pytest.mark.parametrize("first_chunks_first", [True, False])
-def test_execute_batched_runs_first_chunks_as_their_own_group(first_chunks_first):
-    """Each request gets one final response; with the switch the first chunks run (and are answered) first."""
-    log: list = []
-    names = ["later-a", "first-b", "bad", "first-c", "later-d"]
-    requests = [_Request(name) for name in names]
-
+def _calls(log: list, mode: str, run_many=None, max_later: int = 8) -> Token2WavCalls:
     def parse(request):
         if request.name == "bad":
             raise ValueError("refused")
         return request.name
 
-    def run_many(calls, timer: StageTimer):
+    def record(calls, timer: StageTimer):
         log.append(list(calls))
         return [f"audio of {c}" for c in calls]
 
-    stages = _Stages()
-    result = execute_batched(
+    return Token2WavCalls(
         _PbUtils,
-        requests,
         parse,
-        run_many,
-        stages,
+        run_many or record,
+        _Stages(),
         lambda call: call.startswith("first"),
         lambda audio: audio,
-        first_chunks_first=first_chunks_first,
+        mode=mode,
+        max_later=max_later,
     )
-    assert result is None
-    sent = [entry for request in requests for entry in request.sent]
-    assert len(sent) == len(names) and all(flags == 2 for _, _, flags in sent)
-    assert [r.sent[0][1] for r in requests if r.name != "bad"] == [
-        f"audio of {n}" for n in names if n != "bad"
-    ]
-    assert requests[2].sent[0][1].error.message == "ValueError: refused"
-    if first_chunks_first:
+
+
+def _answers(requests: list[_Request]) -> dict[str, object]:
+    """Each request's one response (every one sent with the final flag)."""
+    assert all(len(r.sent) == 1 and r.sent[0][2] == 2 for r in requests)
+    return {r.name: r.sent[0][1] for r in requests}
+
+
+@pytest.mark.parametrize("mode", ["true", "false"])
+def test_an_executes_first_chunks_run_as_their_own_group(mode):
+    """Each request gets one final response; with `true` the first chunks run (and are answered) first."""
+    log: list = []
+    names = ["later-a", "first-b", "bad", "first-c", "later-d"]
+    requests = [_Request(name) for name in names]
+    calls = _calls(log, mode)
+    assert calls.execute(requests) is None
+    answers = _answers(requests)
+    assert answers.pop("bad").error.message == "ValueError: refused"
+    assert answers == {n: f"audio of {n}" for n in names if n != "bad"}
+    if mode == "true":
         assert log == [["first-b", "first-c"], ["later-a", "later-d"]]
-        assert [chunk for _, chunk in stages.added] == ["first", "other"]
+        assert [chunk for _, chunk in calls.stages.added] == ["first", "other"]
     else:
         assert log == [["later-a", "first-b", "first-c", "later-d"]]
-        assert [chunk for _, chunk in stages.added] == ["other"]
+        assert [chunk for _, chunk in calls.stages.added] == ["other"]
 
 
-def test_a_group_that_fails_answers_its_requests_with_the_error_and_the_rest_still_run():
+def test_the_queue_runs_every_waiting_first_chunk_before_the_next_group_of_later_calls():
+    """While the worker runs later-a, four calls queue: the first chunks go next, then the later calls in groups
+    of `max_later`, in arrival order; close() runs what is left and stops the worker."""
+    log: list = []
+    started, release = threading.Event(), threading.Event()
+
+    def run_many(calls, timer):
+        log.append(list(calls))
+        if calls == ["later-a"]:
+            started.set()
+            release.wait(10)
+        return [f"audio of {c}" for c in calls]
+
+    calls = _calls(log, "queue", run_many, max_later=1)
+    requests = [_Request(n) for n in ("later-a", "later-b", "first-c", "later-d", "first-e")]
+    assert calls.execute(requests[:1]) is None
+    assert started.wait(10)
+    calls.execute(requests[1:3])
+    calls.execute(requests[3:])
+    assert all(not r.sent for r in requests[1:])
+    release.set()
+    calls.close()
+    assert log == [["later-a"], ["first-c", "first-e"], ["later-b"], ["later-d"]]
+    assert _answers(requests) == {r.name: f"audio of {r.name}" for r in requests}
+    assert not calls._worker.is_alive()
+
+
+@pytest.mark.parametrize("mode", ["true", "queue"])
+def test_a_group_that_fails_answers_its_requests_with_the_error_and_the_rest_still_run(mode):
     requests = [_Request("first-a"), _Request("later-b")]
 
     def run_many(calls, timer):
@@ -192,14 +234,9 @@ def test_a_group_that_fails_answers_its_requests_with_the_error_and_the_rest_sti
             raise RuntimeError("CUDA error: out of memory")
         return ["audio"]
 
-    execute_batched(
-        _PbUtils,
-        requests,
-        lambda r: r.name,
-        run_many,
-        _Stages(),
-        lambda c: c.startswith("first"),
-        lambda a: a,
-    )
-    assert "RuntimeError: CUDA error: out of memory" in requests[0].sent[0][1].error.message
-    assert requests[1].sent[0][1] == "audio"
+    calls = _calls([], mode, run_many)
+    calls.execute(requests)
+    calls.close()
+    answers = _answers(requests)
+    assert "RuntimeError: CUDA error: out of memory" in answers["first-a"].error.message
+    assert answers["later-b"] == "audio"

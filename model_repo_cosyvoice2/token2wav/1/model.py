@@ -14,12 +14,13 @@ from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
 from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS, Token2WavInputs, parse_token2wav_inputs
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
-from tritontts.triton.batched_flow import execute_batched, first_chunks_first, flow_placement
+from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input, single_instance_stream, stream_instances
 from tritontts.triton.stubs import end_stub_process
+from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, max_later_calls
 
 
 class TritonPythonModel:
@@ -35,9 +36,20 @@ class TritonPythonModel:
             flow_graphs=graphs,
             stream_idle_timeout_s=model_param(config, "stream_idle_timeout_s", float, DEFAULT_IDLE_TIMEOUT_S),
         )
-        self.stages = token2wav_stage_seconds(pb_utils, args)
-        self.holder = first_chunk_holder(config, args, device)
-        self.first_chunks_first = first_chunks_first(config)
+        self.calls = Token2WavCalls(
+            pb_utils,
+            self._call,
+            self.model.run_many,
+            token2wav_stage_seconds(pb_utils, args),
+            lambda call: call.first_of_stream,
+            lambda audio: pb_utils.InferenceResponse(
+                [pb_utils.Tensor("waveform", audio.float().cpu().numpy().reshape(1, -1))]
+            ),
+            first_chunk_holder(config, args, device),
+            first_chunks_first(config),
+            max_later_calls(graphs),
+            device,
+        )
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)
         self.instances = stream_instances(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
@@ -63,22 +75,11 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """The requests of this batch share batched flow decoder calls; streams' first chunks go first."""
-        return execute_batched(
-            pb_utils,
-            requests,
-            self._call,
-            self.model.run_many,
-            self.stages,
-            lambda call: call.first_of_stream,
-            lambda audio: pb_utils.InferenceResponse(
-                [pb_utils.Tensor("waveform", audio.float().cpu().numpy().reshape(1, -1))]
-            ),
-            self.holder,
-            self.first_chunks_first,
-        )
+        return self.calls.execute(requests)
 
     def finalize(self):
-        release_metrics(self.stages, self.open_streams)
-        if self.holder is not None:
-            self.holder.close()
+        self.calls.close()
+        release_metrics(self.calls.stages, self.open_streams)
+        if self.calls.holder is not None:
+            self.calls.holder.close()
         end_stub_process()

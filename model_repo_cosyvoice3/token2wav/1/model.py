@@ -12,12 +12,13 @@ from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS
 from tritontts.cosyvoice3.token2mel import Token2Mel
 from tritontts.cosyvoice3.wire import Token2MelCall, parse_token2mel_inputs
-from tritontts.triton.batched_flow import execute_batched, first_chunks_first, flow_placement
+from tritontts.triton.batched_flow import flow_placement
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input
 from tritontts.triton.stubs import end_stub_process
+from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, max_later_calls
 
 
 class TritonPythonModel:
@@ -26,9 +27,18 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         device, dtype, graphs = flow_placement(config, args)
         self.model = Token2Mel.from_model_dir(model_param(config, "model_dir"), device, dtype, graphs)
-        self.stages = token2wav_stage_seconds(pb_utils, args)
-        self.holder = first_chunk_holder(config, args, device)
-        self.first_chunks_first = first_chunks_first(config)
+        self.calls = Token2WavCalls(
+            pb_utils,
+            self._call,
+            self.model.run_many,
+            token2wav_stage_seconds(pb_utils, args),
+            lambda call: call.token_offset == 0,
+            lambda mel: pb_utils.InferenceResponse([pb_utils.Tensor("mel", mel.cpu().numpy()[None])]),
+            first_chunk_holder(config, args, device),
+            first_chunks_first(config),
+            max_later_calls(graphs),
+            device,
+        )
         if device.type == "cuda" and self.model.default is not None:
             warm_up_streams(self.model.run_many, self._warm_up_call)
 
@@ -42,20 +52,11 @@ class TritonPythonModel:
         return parse_token2mel_inputs(arrays, self.model.default)
 
     def execute(self, requests):
-        return execute_batched(
-            pb_utils,
-            requests,
-            self._call,
-            self.model.run_many,
-            self.stages,
-            lambda call: call.token_offset == 0,
-            lambda mel: pb_utils.InferenceResponse([pb_utils.Tensor("mel", mel.cpu().numpy()[None])]),
-            self.holder,
-            self.first_chunks_first,
-        )
+        return self.calls.execute(requests)
 
     def finalize(self):
-        release_metrics(self.stages)
-        if self.holder is not None:
-            self.holder.close()
+        self.calls.close()
+        release_metrics(self.calls.stages)
+        if self.calls.holder is not None:
+            self.calls.holder.close()
         end_stub_process()
