@@ -240,3 +240,36 @@ def test_a_group_that_fails_answers_its_requests_with_the_error_and_the_rest_sti
     answers = _answers(requests)
     assert "RuntimeError: CUDA error: out of memory" in answers["first-a"].error.message
     assert answers["later-b"] == "audio"
+
+
+@pytest.mark.parametrize("mode", ["true", "queue"])
+def test_close_gives_up_the_holders_slot(mode):
+    class Holder:
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        def hold(self) -> None:
+            self.events.append("hold")
+
+        def release(self) -> None:
+            self.events.append("release")
+
+        def close(self) -> None:
+            self.events.append("close")
+
+    holder = Holder()
+    calls = Token2WavCalls(
+        _PbUtils,
+        lambda r: r.name,
+        lambda calls, timer: ["audio"] * len(calls),
+        _Stages(),
+        lambda c: c.startswith("first"),
+        lambda a: a,
+        holder,
+        mode,
+    )
+    request = _Request("first-a")
+    calls.execute([request])
+    calls.close()
+    assert _answers([request]) == {"first-a": "audio"}
+    assert holder.events == ["hold", "release", "close"]

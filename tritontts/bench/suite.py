@@ -232,7 +232,7 @@ class Runner:
             return (
                 f"{FAMILY_NAMES[family]} over the speech WebSocket (run.sh stage 6 before its streaming server): time "
                 f"to first audio after the first text delta, text written at 20 words a second, at "
-                f"c={c.sweep.replace(',', ', ')} (2 rounds each), {suite_websocket.runs_described(family)}; "
+                f"c={c.sweep.replace(',', ', ')} ({suite_websocket.ROUNDS} rounds each), {suite_websocket.runs_described(family)}; "
                 f"checkpoint {c.model_source}, run.sh stage 11 part {part}."
             )
         return (

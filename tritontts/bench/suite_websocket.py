@@ -1,6 +1,6 @@
 """The suite's `<family>:websocket` parts: the speech API (run.sh stage 6, the family served under its own name)
-in front of the family's streaming server, and scripts/bench_ws_ttfa.py timing the first audio after the first text delta, text written at 20 words a
-second (its default text), at the suite's concurrencies.
+in front of the family's streaming server, and scripts/bench_ws_ttfa.py timing the first audio after the first
+text delta, text written at 20 words a second (its default text), at the suite's concurrencies.
 
 Every family runs sentence mode with the default voice (run.sh's reference audio); the CosyVoice families also run
 bistream, with that voice and with instruct2 (the same voice with `instructions`: no prompt speech in the LLM).
@@ -17,6 +17,8 @@ from tritontts.triton.server import answers_ok
 INSTRUCTIONS = "Speak in a calm voice."
 ZERO_SHOT = "zero-shot voice, run.sh's reference audio"
 HEALTH_WAIT_S = 120.0
+ROUNDS = 2
+"""bench_ws_ttfa.py's rounds per concurrency."""
 
 
 def bench_runs(family: str) -> list[tuple[str, list[str]]]:
@@ -59,7 +61,7 @@ def bench_argv(
         "--concurrency",
         sweep,
         "--rounds",
-        "2",
+        str(ROUNDS),
         "--no-text-normalization",
         "--output",
         str(output),

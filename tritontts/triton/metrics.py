@@ -102,8 +102,8 @@ def first_chunk_stage_seconds(pb_utils: Any, model_name: str) -> StageSeconds:
 
 def token2wav_stage_seconds(pb_utils: Any, args: dict[str, Any]) -> StageSeconds:
     """Flow and vocoder seconds of a token2wav instance's executes (`args`: the model's initialize args), labelled
-    with the instance and `chunk="first"` where every call of the execute (or of its first-chunk group:
-    tritontts.triton.batched_flow) was a stream's first chunk."""
+    with the instance and `chunk="first"` where every call of the execute (or of its group:
+    tritontts.triton.token2wav_calls) was a stream's first chunk."""
     return StageSeconds(
         pb_utils,
         args["model_name"],

@@ -58,7 +58,7 @@ class _Pending:
 
 
 class Token2WavCalls:
-    """`execute(requests)` for a token2wav model's `execute`; `close()` in its `finalize`."""
+    """`execute(requests)` for a token2wav model's `execute`; `close()` in its `finalize` (it owns `holder`)."""
 
     def __init__(
         self,
@@ -105,13 +105,14 @@ class Token2WavCalls:
         return None
 
     def close(self) -> None:
-        """Runs the calls still queued, then stops the worker."""
-        if self._worker is None:
-            return
-        with self._wake:
-            self._closing = True
-            self._wake.notify()
-        self._worker.join(CLOSE_TIMEOUT_S)
+        """Runs the calls still queued and stops the worker, then gives up the holder's slot on the board."""
+        if self._worker is not None:
+            with self._wake:
+                self._closing = True
+                self._wake.notify()
+            self._worker.join(CLOSE_TIMEOUT_S)
+        if self.holder is not None:
+            self.holder.close()
 
     def _parse(self, requests: Sequence[Any]) -> list[_Pending]:
         pending = []

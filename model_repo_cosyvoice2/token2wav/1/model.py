@@ -80,6 +80,4 @@ class TritonPythonModel:
     def finalize(self):
         self.calls.close()
         release_metrics(self.calls.stages, self.open_streams)
-        if self.calls.holder is not None:
-            self.calls.holder.close()
         end_stub_process()
