@@ -84,6 +84,14 @@ def test_stages_leave_wavs_and_a_summary(exp, bench_data, mode, stages):
         not (home / "tritonserver.pid").exists()
         or not Path(f"/proc/{(home / 'tritonserver.pid').read_text().strip()}").exists()
     )
+    parsed = _parse_repo(home / f"model_repo_torch_{mode}")  # first-chunk priority: the vocoder and the LLM
+    assert _parameters(parsed["vocoder"])["first_chunk_priority"] == "true"
+    llm = _parameters(parsed["tensorrt_llm"])
+    assert (llm["first_chunk_priority"], llm["audio_tokens_per_s"], llm["first_chunk_tokens"]) == (
+        "true",
+        "50",
+        "50",
+    )
 
 
 def test_stage_4_writes_its_default_dataset_from_the_reference_audio(tmp_path, prompt_zh):
@@ -203,6 +211,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("llm_decode_attention", "auto"),
         ("llm_decode_linear", "auto"),
         ("token2wav_compile", "auto"),
+        ("token2wav_first_chunks_first", "true"),
     ):
         assert f"\n  --{option} [{default}]" in done.stdout
 
@@ -224,6 +233,10 @@ def test_help_lists_the_cosyvoice2_knobs():
         (
             ["--model", "cosyvoice2", "--token2wav_compile", "yes"],
             "--token2wav_compile must be auto, true or false",
+        ),
+        (
+            ["--model", "cosyvoice2", "--token2wav_first_chunks_first", "yes"],
+            "--token2wav_first_chunks_first must be true, queue or false",
         ),
     ],
 )
@@ -289,6 +302,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     command += ["--llm_backend", backend, "--exp_dir", str(cosyvoice2_exp), "--python", sys.executable]
     command += ["--dynamic_chunk_strategy", "fixed", "--token_hop_len", "20", "--token2wav_dtype", "float16"]
     command += ["--token2wav_cuda_graphs", "false", "--token2wav_graph_batch_sizes", "1,3"]
+    command += ["--token2wav_first_chunks_first", "queue"]
     command += [
         "--token2wav_instance_num",
         "2",
@@ -329,6 +343,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         "1,3",
     )
     assert token2wav["flow_compile"] == ("true" if backend == "torch" else "auto")
+    assert (token2wav["first_chunks_first"], token2wav["first_chunk_priority"]) == ("queue", "true")
     assert token2wav["stream_calls"] == ("true" if mode == "streaming" else "false")
     assert len(parsed["token2wav"].instance_group) == 1 and parsed["token2wav"].instance_group[0].count == 2
     # streams stay on the instance that holds their state: the sequence batcher routes them (offline: no state)
