@@ -151,7 +151,7 @@ class _Stages:
         self.added.append((stages, chunk))
 
 
-def _calls(log: list, mode: str, run_many=None, max_later: int = 8) -> Token2WavCalls:
+def _calls(log: list, mode: str, run_many=None, group_max: int = 8) -> Token2WavCalls:
     def parse(request):
         if request.name == "bad":
             raise ValueError("refused")
@@ -169,7 +169,7 @@ def _calls(log: list, mode: str, run_many=None, max_later: int = 8) -> Token2Wav
         lambda call: call.startswith("first"),
         lambda audio: audio,
         mode=mode,
-        max_later=max_later,
+        group_max=group_max,
     )
 
 
@@ -199,8 +199,8 @@ def test_an_executes_first_chunks_run_as_their_own_group(mode):
 
 
 def test_the_queue_runs_every_waiting_first_chunk_before_the_next_group_of_later_calls():
-    """While the worker runs later-a, four calls queue: the first chunks go next, then the later calls in groups
-    of `max_later`, in arrival order; close() runs what is left and stops the worker."""
+    """While the worker runs later-a, five calls queue: the first chunks go next, then the later calls in groups
+    of `group_max`, in arrival order; close() runs what is left and stops the worker."""
     log: list = []
     started, release = threading.Event(), threading.Event()
 
@@ -211,8 +211,8 @@ def test_the_queue_runs_every_waiting_first_chunk_before_the_next_group_of_later
             release.wait(10)
         return [f"audio of {c}" for c in calls]
 
-    calls = _calls(log, "queue", run_many, max_later=1)
-    requests = [_Request(n) for n in ("later-a", "later-b", "first-c", "later-d", "first-e")]
+    calls = _calls(log, "queue", run_many, group_max=2)
+    requests = [_Request(n) for n in ("later-a", "later-b", "first-c", "later-d", "first-e", "later-f")]
     assert calls.execute(requests[:1]) is None
     assert started.wait(10)
     calls.execute(requests[1:3])
@@ -220,9 +220,52 @@ def test_the_queue_runs_every_waiting_first_chunk_before_the_next_group_of_later
     assert all(not r.sent for r in requests[1:])
     release.set()
     calls.close()
-    assert log == [["later-a"], ["first-c", "first-e"], ["later-b"], ["later-d"]]
+    assert log == [["later-a"], ["first-c", "first-e"], ["later-b", "later-d"], ["later-f"]]
     assert _answers(requests) == {r.name: f"audio of {r.name}" for r in requests}
     assert not calls._worker.is_alive()
+
+
+def test_first_chunks_past_group_max_run_in_groups_answered_one_after_another():
+    """Five first chunks and a later chunk in one execute, groups of at most two: the first two are answered
+    before the next group runs."""
+    log: list = []
+    requests = [_Request(n) for n in ("later-a", "first-b", "first-c", "first-d", "first-e", "first-f")]
+
+    def run_many(calls, timer):
+        log.append((list(calls), sorted(r.name for r in requests if r.sent)))
+        return [f"audio of {c}" for c in calls]
+
+    calls = _calls([], "true", run_many, group_max=2)
+    calls.execute(requests)
+    assert log == [
+        (["first-b", "first-c"], []),
+        (["first-d", "first-e"], ["first-b", "first-c"]),
+        (["first-f"], ["first-b", "first-c", "first-d", "first-e"]),
+        (["later-a"], ["first-b", "first-c", "first-d", "first-e", "first-f"]),
+    ]
+    assert _answers(requests) == {r.name: f"audio of {r.name}" for r in requests}
+
+
+def test_the_queue_takes_at_most_group_max_first_chunks_a_group():
+    log: list = []
+    started, release = threading.Event(), threading.Event()
+
+    def run_many(calls, timer):
+        log.append(list(calls))
+        if calls == ["later-a"]:
+            started.set()
+            release.wait(10)
+        return [f"audio of {c}" for c in calls]
+
+    calls = _calls(log, "queue", run_many, group_max=2)
+    requests = [_Request(n) for n in ("later-a", "first-b", "later-c", "first-d", "first-e")]
+    calls.execute(requests[:1])
+    assert started.wait(10)
+    calls.execute(requests[1:])
+    release.set()
+    calls.close()
+    assert log == [["later-a"], ["first-b", "first-d"], ["first-e"], ["later-c"]]
+    assert _answers(requests) == {r.name: f"audio of {r.name}" for r in requests}
 
 
 @pytest.mark.parametrize("mode", ["true", "queue"])

@@ -3,11 +3,12 @@ parse each request, run the valid calls in groups through `run_many`, and answer
 response sender as soon as its group is done (a non-decoupled python model may; `execute` returns None).
 
 The `first_chunks_first` parameter picks the groups:
-- `true` (run.sh's default): the streams' first chunks of an execute are one group, run and answered before its
-  other calls;
-- `queue`: `execute` only queues the calls, and one worker thread runs them: every first chunk waiting, else at
-  most `max_later` of the other calls in arrival order. A first chunk then waits for one group of later chunks at
-  most, not for all the later chunks Triton batched before it;
+- `true` (run.sh's default): the streams' first chunks of an execute run and are answered before its other calls,
+  in groups of at most `group_max` (the largest batch a flow graph was captured for, which the flow runs at once
+  anyway), so the first of them are answered while the rest run;
+- `queue`: `execute` only queues the calls, and one worker thread runs them: the waiting first chunks, else the
+  other calls in arrival order, at most `group_max` a group. A first chunk then waits for one group of later chunks
+  at most, not for all the later chunks Triton batched before it;
 - `false`: an execute's calls are one group.
 
 A group's stage seconds are labelled `chunk="first"` when every call in it is a stream's first; with a `holder`,
@@ -32,7 +33,7 @@ from tritontts.triton.params import ParameterError, error_response, model_param
 log = logging.getLogger(__name__)
 MODES = ("true", "queue", "false")
 CLOSE_TIMEOUT_S = 60.0
-DEFAULT_MAX_LATER = 8
+DEFAULT_GROUP_MAX = 8
 
 
 def first_chunks_first(config: dict[str, Any]) -> str:
@@ -45,9 +46,9 @@ def first_chunks_first(config: dict[str, Any]) -> str:
     return mode
 
 
-def max_later_calls(graphs: FlowGraphConfig | None) -> int:
-    """The `queue` mode's group of later calls: as many as the largest batch a flow graph was captured for."""
-    return max(graphs.batch_sizes) if graphs is not None else DEFAULT_MAX_LATER
+def group_max(graphs: FlowGraphConfig | None) -> int:
+    """The most calls a group runs: as many as the largest batch a flow graph was captured for."""
+    return max(graphs.batch_sizes) if graphs is not None else DEFAULT_GROUP_MAX
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Token2WavCalls:
         respond: Callable[[Any], Any],
         holder: FirstChunkHolder | None = None,
         mode: str = "true",
-        max_later: int = DEFAULT_MAX_LATER,
+        group_max: int = DEFAULT_GROUP_MAX,
         device: torch.device | None = None,
     ) -> None:
         if mode not in MODES:
@@ -83,7 +84,7 @@ class Token2WavCalls:
         self.respond = respond
         self.holder = holder
         self.mode = mode
-        self.max_later = max(1, max_later)
+        self.group_max = max(1, group_max)
         self.device = device
         self._waiting: list[_Pending] = []
         self._wake = threading.Condition()
@@ -128,13 +129,14 @@ class Token2WavCalls:
     def _groups(self, pending: list[_Pending]) -> list[list[_Pending]]:
         firsts = [p for p in pending if p.first]
         others = [p for p in pending if not p.first]
-        if self.mode == "false" or not firsts or not others:
+        if self.mode == "false" or not firsts:
             return [pending] if pending else []
-        return [firsts, others]
+        groups = [firsts[i : i + self.group_max] for i in range(0, len(firsts), self.group_max)]
+        return groups + [others] if others else groups
 
     def _take(self) -> list[_Pending]:
-        """The next group of the queue: every first chunk waiting, else the oldest `max_later` calls."""
-        group = [p for p in self._waiting if p.first] or self._waiting[: self.max_later]
+        """The next group of the queue: the oldest waiting first chunks, else the oldest calls, `group_max` at most."""
+        group = ([p for p in self._waiting if p.first] or self._waiting)[: self.group_max]
         taken = {id(p) for p in group}
         self._waiting = [p for p in self._waiting if id(p) not in taken]
         return group

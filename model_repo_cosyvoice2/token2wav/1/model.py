@@ -20,7 +20,7 @@ from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input, single_instance_stream, stream_instances
 from tritontts.triton.stubs import end_stub_process
-from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, max_later_calls
+from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, group_max
 
 
 class TritonPythonModel:
@@ -47,7 +47,7 @@ class TritonPythonModel:
             ),
             first_chunk_holder(config, args, device),
             first_chunks_first(config),
-            max_later_calls(graphs),
+            group_max(graphs),
             device,
         )
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)

@@ -27,7 +27,7 @@ from tritontts.triton.params import (
     stream_instances,
 )
 from tritontts.triton.stubs import end_stub_process
-from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, max_later_calls
+from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, group_max
 
 INPUT_NAMES = ("target_speech_tokens", "reference_wav", "reference_wav_len", "finalize")
 
@@ -53,7 +53,7 @@ class TritonPythonModel:
             lambda audio: pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]),
             first_chunk_holder(config, args, device),
             first_chunks_first(config),
-            max_later_calls(graphs),
+            group_max(graphs),
             device,
         )
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)

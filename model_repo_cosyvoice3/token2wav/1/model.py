@@ -18,7 +18,7 @@ from tritontts.triton.first_chunk_priority import first_chunk_holder
 from tritontts.triton.metrics import release_metrics, token2wav_stage_seconds
 from tritontts.triton.params import model_param, optional_input
 from tritontts.triton.stubs import end_stub_process
-from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, max_later_calls
+from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, group_max
 
 
 class TritonPythonModel:
@@ -36,7 +36,7 @@ class TritonPythonModel:
             lambda mel: pb_utils.InferenceResponse([pb_utils.Tensor("mel", mel.cpu().numpy()[None])]),
             first_chunk_holder(config, args, device),
             first_chunks_first(config),
-            max_later_calls(graphs),
+            group_max(graphs),
             device,
         )
         if device.type == "cuda" and self.model.default is not None:
