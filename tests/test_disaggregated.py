@@ -77,6 +77,12 @@ def environ(pid: int) -> dict[str, str]:
     return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
 
 
+def stub_pids(server_pid: int) -> list[int]:
+    """The python-backend stubs a tritonserver started (its children)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    return [int(c) for c in children if "stub" in Path(f"/proc/{c}/cmdline").read_text()]
+
+
 def bls_parameters(repo: Path) -> dict[str, str]:
     config = text_format.Parse(
         (repo / "cosyvoice2" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
@@ -112,11 +118,16 @@ def test_run_sh_stages_7_8_stream_over_two_token2wav_servers(tmp_path, bench_dat
         state = json.loads(state_file.read_text())
         processes = [state["llm"], *state["servers"]]
         devices = [environ(p["pid"]).get("CUDA_VISIBLE_DEVICES") for p in processes]
+        stubs = [pid for p in state["servers"] for pid in stub_pids(p["pid"])]
+        caches = {
+            environ(pid).get("TORCHINDUCTOR_CACHE_DIR") for pid in [p["pid"] for p in processes] + stubs
+        }
     finally:
         stopped = run_sh("stop", exp=exp, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
 
     assert devices == ["0", "0", "1"]
+    assert stubs and caches == {str((exp / "compile_cache" / "inductor").resolve())}
     assert (state["status"], state["num_gpus"], state["gpus"]) == ("ready", 2, ["0", "1"])
     assert state["llm"]["chat_url"] == f"http://127.0.0.1:{llm_port}/v1/chat/completions"
     servers = state["servers"]

@@ -1,5 +1,5 @@
-"""run.sh --server_cpu_threads and --server_malloc_arena_max: the OMP_NUM_THREADS (auto: 1 on a GPU host) and
-MALLOC_ARENA_MAX (2) that stages 3 and 7 give the servers."""
+"""run.sh --server_cpu_threads, --server_malloc_arena_max and --compile_cache_dir: the OMP_NUM_THREADS (auto: 1 on
+a GPU host), MALLOC_ARENA_MAX (2) and torch.compile cache folders that stages 3 and 7 give the servers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_LINE = "servers run with OMP_NUM_THREADS="
+CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
 def path_with_nvidia_smi(tmp_path: Path, gpu: bool) -> str:
@@ -31,14 +32,19 @@ def stage_3(
     gpu: bool,
     env_threads: str | None = None,
     env_arenas: str | None = None,
+    env_cache: str | None = None,
 ):
     """Stage 3 against a missing repository (the server never starts), with or without an `nvidia-smi` on PATH."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX", *CACHE_VARS)
+    }
     env["PATH"] = path_with_nvidia_smi(tmp_path, gpu)
     if env_threads is not None:
         env["OMP_NUM_THREADS"] = env_threads
     if env_arenas is not None:
         env["MALLOC_ARENA_MAX"] = env_arenas
+    if env_cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = env_cache
     command = ["bash", "run.sh", "3", "3", "--exp_dir", str(tmp_path / "exp"), "--python", sys.executable]
     command += ["--model_repo", str(tmp_path / "no_repo"), "--python_stub", "wheel", *options]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -94,3 +100,27 @@ def test_malloc_arenas_are_capped_unless_the_environment_sets_them(tmp_path, opt
 def test_a_bad_arena_count_exits_2_naming_the_option(tmp_path):
     done = stage_3(tmp_path, ["--server_malloc_arena_max", "few"], gpu=False)
     assert done.returncode == 2 and "--server_malloc_arena_max must be a number" in done.stderr
+
+
+CACHE_LINE = "servers keep torch.compile's caches in "
+
+
+@pytest.mark.parametrize(
+    "options, env_cache, expected",
+    [
+        ([], None, "exp/compile_cache"),
+        (["--compile_cache_dir", "{tmp}/mine"], None, "mine"),
+        (["--compile_cache_dir", "none"], None, None),
+        ([], "/somewhere/else", None),  # the environment's own folder stands
+    ],
+)
+def test_the_compile_caches_live_under_exp_unless_told_otherwise(tmp_path, options, env_cache, expected):
+    options = [o.replace("{tmp}", str(tmp_path)) for o in options]
+    done = stage_3(tmp_path, options, gpu=False, env_cache=env_cache)
+    lines = [line for line in done.stdout.splitlines() if CACHE_LINE in line]
+    if expected is None:
+        assert not lines, done.stdout
+        return
+    folder = tmp_path / expected
+    assert len(lines) == 1 and lines[0].endswith(f"{CACHE_LINE}{folder} (--compile_cache_dir)")
+    assert folder.is_dir()
