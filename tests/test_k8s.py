@@ -297,6 +297,20 @@ def test_every_api_replica_writes_the_one_voices_folder(manifests):
     assert workload.volume(voices["name"])["persistentVolumeClaim"]["claimName"] == claim
 
 
+def test_servers_keep_their_compile_caches_on_the_models_volume(manifests):
+    """A restarted tritonserver or LLM server pod finds the kernels torch.compile wrote before (run.sh
+    --compile_cache_dir): both cache folders lie in a writable subPath of the models claim."""
+    claim = the_one(manifests.of_kind("PersistentVolumeClaim"), "PersistentVolumeClaim")["metadata"]["name"]
+    for workload, container in [*manifests.tritonservers(), *llm_servers(manifests)]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/compile-cache"]
+        assert not mount.get("readOnly") and mount["subPath"] == "compile_cache"
+        volume = workload.volume(mount["name"])["persistentVolumeClaim"]
+        assert volume["claimName"] == claim and not volume.get("readOnly")
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == "/compile-cache/inductor"
+        assert env["TRITON_CACHE_DIR"] == "/compile-cache/triton"
+
+
 def test_every_pod_runs_as_non_root(manifests):
     for workload in manifests.workloads():
         context = workload.pod["securityContext"]
