@@ -198,11 +198,8 @@ def test_an_executes_first_chunks_run_as_their_own_group(mode):
         assert [chunk for _, chunk in calls.stages.added] == ["other"]
 
 
-def test_the_queue_runs_every_waiting_first_chunk_before_the_next_group_of_later_calls():
-    """While the worker runs later-a, five calls queue: the first chunks go next, then the later calls in groups
-    of `group_max`, in arrival order; close() runs what is left and stops the worker."""
-    log: list = []
-    started, release = threading.Event(), threading.Event()
+def _held_at_later_a(log: list, started: threading.Event, release: threading.Event):
+    """A run_many that logs its groups and, on the group of later-a alone, sets `started` and waits for `release`."""
 
     def run_many(calls, timer):
         log.append(list(calls))
@@ -211,6 +208,15 @@ def test_the_queue_runs_every_waiting_first_chunk_before_the_next_group_of_later
             release.wait(10)
         return [f"audio of {c}" for c in calls]
 
+    return run_many
+
+
+def test_the_queue_runs_every_waiting_first_chunk_before_the_next_group_of_later_calls():
+    """While the worker runs later-a, five calls queue: the first chunks go next, then the later calls in groups
+    of `group_max`, in arrival order; close() runs what is left and stops the worker."""
+    log: list = []
+    started, release = threading.Event(), threading.Event()
+    run_many = _held_at_later_a(log, started, release)
     calls = _calls(log, "queue", run_many, group_max=2)
     requests = [_Request(n) for n in ("later-a", "later-b", "first-c", "later-d", "first-e", "later-f")]
     assert calls.execute(requests[:1]) is None
@@ -249,14 +255,7 @@ def test_first_chunks_past_group_max_run_in_groups_answered_one_after_another():
 def test_the_queue_takes_at_most_group_max_first_chunks_a_group():
     log: list = []
     started, release = threading.Event(), threading.Event()
-
-    def run_many(calls, timer):
-        log.append(list(calls))
-        if calls == ["later-a"]:
-            started.set()
-            release.wait(10)
-        return [f"audio of {c}" for c in calls]
-
+    run_many = _held_at_later_a(log, started, release)
     calls = _calls(log, "queue", run_many, group_max=2)
     requests = [_Request(n) for n in ("later-a", "first-b", "later-c", "first-d", "first-e")]
     calls.execute(requests[:1])
