@@ -14,6 +14,7 @@ token is 960 samples of 24 kHz audio.
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import subprocess
@@ -69,7 +70,9 @@ def run_sh(*args: str, exp: Path, timeout: int) -> subprocess.CompletedProcess:
         "--python",
         sys.executable,
     ]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    # torch sets TORCHINDUCTOR_CACHE_DIR in this process once anything compiled: run.sh would keep it
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def environ(pid: int) -> dict[str, str]:
