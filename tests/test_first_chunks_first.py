@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 from cosyvoice2_models import PREFIX, TEMPLATES, build_cosyvoice2_models, checkpoint_paths, install_token2wav
 from triton_stream import make_inputs
@@ -315,3 +316,42 @@ def test_close_gives_up_the_holders_slot(mode):
     calls.close()
     assert _answers([request]) == {"first-a": "audio"}
     assert holder.events == ["hold", "release", "close"]
+
+
+def _cuda_calls(monkeypatch, set_device) -> Token2WavCalls:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    return Token2WavCalls(
+        _PbUtils,
+        lambda r: r.name,
+        lambda calls, timer: ["audio"] * len(calls),
+        _Stages(),
+        lambda c: c.startswith("first"),
+        lambda a: a,
+        mode="queue",
+        device=torch.device("cuda"),
+    )
+
+
+def test_the_queue_worker_takes_the_gpu_current_where_it_was_built_for_a_device_without_index(monkeypatch):
+    """A bare `cuda` device (run.sh's device auto on a GPU host): the worker makes the index current then, not
+    the device, which torch.cuda.set_device refuses."""
+    taken: list = []
+    calls = _cuda_calls(monkeypatch, taken.append)
+    request = _Request("first-a")
+    calls.execute([request])
+    calls.close()
+    assert taken == [3]
+    assert _answers([request]) == {"first-a": "audio"}
+
+
+def test_a_queue_worker_that_cannot_take_its_gpu_answers_every_call_with_the_error(monkeypatch):
+    def set_device(index):
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+    calls = _cuda_calls(monkeypatch, set_device)
+    requests = [_Request("first-a"), _Request("later-b")]
+    calls.execute(requests[:1])
+    calls.execute(requests[1:])
+    calls.close()
+    assert all("invalid device ordinal" in answer.error.message for answer in _answers(requests).values())

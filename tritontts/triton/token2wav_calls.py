@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -85,7 +86,7 @@ class Token2WavCalls:
         self.holder = holder
         self.mode = mode
         self.group_max = max(1, group_max)
-        self.device = device
+        self._cuda_index = _cuda_index(device)
         self._waiting: list[_Pending] = []
         self._wake = threading.Condition()
         self._closing = False
@@ -142,8 +143,15 @@ class Token2WavCalls:
         return group
 
     def _work(self) -> None:
-        if self.device is not None and self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        try:
+            if self._cuda_index is not None:
+                torch.cuda.set_device(self._cuda_index)
+        except Exception as err:
+            log.exception(
+                "token2wav: the calls' worker could not take GPU %s; every call gets this error",
+                self._cuda_index,
+            )
+            self.run_many = partial(_refuse, err)
         while True:
             with self._wake:
                 while not self._waiting and not self._closing:
@@ -179,6 +187,18 @@ class Token2WavCalls:
             )
         except Exception:
             log.exception("token2wav: could not send the response of request %s", _request_id(request))
+
+
+def _cuda_index(device: torch.device | None) -> int | None:
+    """The GPU a worker thread makes its current one (a new thread starts on GPU 0): the instance's, or for a bare
+    `cuda` the one current in the thread that builds Token2WavCalls."""
+    if device is None or device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _refuse(err: Exception, calls: Sequence[Any], timer: StageTimer) -> Sequence[Any]:
+    raise err
 
 
 def _request_id(request: Any) -> str:
