@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tritontts.conv_gemm import CausalConv1d, PointwiseConv1d
+from tritontts.cosyvoice2.flow.prefix import PrefixRun
 from tritontts.qkv import QKVProjection
 
 
@@ -28,8 +29,13 @@ class CausalBlock1D(nn.Module):
             CausalConv1d(dim, dim_out, 3), Transpose(), nn.LayerNorm(dim_out), Transpose(), nn.Mish()
         )
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        return self.block(x * mask) * mask
+    def forward(self, x: Tensor, mask: Tensor, run: PrefixRun | None = None) -> Tensor:
+        if run is None:
+            return self.block(x * mask) * mask
+        y = run.conv(self.block[0], x * mask)
+        for layer in self.block[1:]:
+            y = layer(y)
+        return y * mask
 
 
 class CausalResnetBlock1D(nn.Module):
@@ -40,9 +46,9 @@ class CausalResnetBlock1D(nn.Module):
         self.block2 = CausalBlock1D(dim_out, dim_out)
         self.res_conv = PointwiseConv1d(dim, dim_out)
 
-    def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor) -> Tensor:
-        h = self.block1(x, mask) + self.mlp(time_emb).unsqueeze(-1)
-        return self.block2(h, mask) + self.res_conv(x * mask)
+    def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor, run: PrefixRun | None = None) -> Tensor:
+        h = self.block1(x, mask, run) + self.mlp(time_emb).unsqueeze(-1)
+        return self.block2(h, mask, run) + self.res_conv(x * mask)
 
 
 class Downsample1D(nn.Module):
@@ -91,14 +97,16 @@ class SelfAttention(QKVProjection):
         self.init_projections(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x [B, T, C]; mask bool broadcastable to [B, heads, T, T]."""
+    def forward(self, x: Tensor, mask: Tensor, run: PrefixRun | None = None) -> Tensor:
+        """x [B, T, C]; mask broadcastable to [B, heads, T, T] (with `run`: to [B, heads, T, prefix + T])."""
         batch, time, _ = x.shape
 
         def split_heads(y: Tensor) -> Tensor:
             return y.view(batch, time, self.heads, self.head_dim).transpose(1, 2)
 
         q, k, v = (split_heads(y) for y in self.project(x))
+        if run is not None:
+            k, v = run.keys_values(k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.to_out[0](out.transpose(1, 2).reshape(batch, time, -1))
 
@@ -133,6 +141,6 @@ class TransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = FeedForward(dim)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = x + self.attn1(self.norm1(x), mask)
+    def forward(self, x: Tensor, mask: Tensor, run: PrefixRun | None = None) -> Tensor:
+        x = x + self.attn1(self.norm1(x), mask, run)
         return x + self.ff(self.norm3(x))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from tritontts.cosyvoice2.config import CFMConfig
 from tritontts.cosyvoice2.flow.estimator import Estimator
+from tritontts.cosyvoice2.flow.prefix import LayerPrefix, PrefixRun
 
 NOISE_SEED = 0
 NOISE_FRAMES = 50 * 300  # 300 s of mel at 50 frames/s
@@ -52,11 +53,15 @@ class CausalCFM(nn.Module):
         cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(dtype)
         return mu_in, mask_in, spks_in, cond_in
 
-    def start(self, batch: int, frames: int, dtype: torch.dtype, temperature: float = 1.0) -> Tensor:
-        """[batch, 80, frames]: every row starts from the first frames of the fixed noise."""
-        if frames > self.rand_noise.size(2):
-            raise ValueError(f"{frames} mel frames exceed the fixed noise ({self.rand_noise.size(2)} frames)")
-        x = self.rand_noise[:, :, :frames].to(dtype) * temperature
+    def start(
+        self, batch: int, frames: int, dtype: torch.dtype, temperature: float = 1.0, offset: int = 0
+    ) -> Tensor:
+        """[batch, 80, frames]: every row starts from the fixed noise's frames from `offset` on."""
+        if offset + frames > self.rand_noise.size(2):
+            raise ValueError(
+                f"{offset + frames} mel frames exceed the fixed noise ({self.rand_noise.size(2)} frames)"
+            )
+        x = self.rand_noise[:, :, offset : offset + frames].to(dtype) * temperature
         return x.expand(batch, -1, -1)
 
     def solve(
@@ -90,6 +95,51 @@ class CausalCFM(nn.Module):
             if step < len(t_span) - 1:
                 dt = t_span[step + 1] - t
         return x.float()
+
+    def solve_after(
+        self,
+        prefixes: Sequence[LayerPrefix] | None,
+        mu: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        n_timesteps: int,
+        keep: int | None = None,
+    ) -> tuple[Tensor, list[LayerPrefix] | None]:
+        """The Euler loop over frames that follow `prefixes` (one per step, as a call over the frames before
+        these recorded them; None: from frame 0), streaming, rows of one length: mu, cond [B, 80, T],
+        spks [B, 80] → (mel [B, 80, T] fp32, with `keep`: the prefixes after the first `keep` of these frames)."""
+        if prefixes is not None and len(prefixes) != n_timesteps:
+            raise ValueError(f"need one prefix per step ({n_timesteps}), got {len(prefixes)}")
+        offset = 0 if prefixes is None else prefixes[0].frames
+        mask = torch.ones_like(mu[:, :1])
+        mu_in, mask_in, spks_in, cond_in = self.guided_inputs(mu, mask, spks, cond)
+        dtype = spks_in.dtype
+        x = self.start(mu.size(0), mu.size(2), mu.dtype, offset=offset)
+        t_span = time_schedule(n_timesteps, self.config.t_scheduler, mu_in.device, mu_in.dtype)
+        rate = self.config.inference_cfg_rate
+        t, dt = t_span[:1], t_span[1] - t_span[0]
+        recorded = []
+        for step in range(1, len(t_span)):
+            run = PrefixRun(None if prefixes is None else prefixes[step - 1], keep)
+            x_in = torch.cat([x, x]).to(dtype)
+            velocity = self.estimator(
+                x_in,
+                mask_in,
+                mu_in,
+                t.expand(x_in.size(0)).to(dtype),
+                spks_in,
+                cond_in,
+                streaming=True,
+                run=run,
+            )
+            conditioned, unconditioned = velocity.chunk(2)
+            x = x + dt * ((1.0 + rate) * conditioned - rate * unconditioned)
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+            if keep is not None:
+                recorded.append(run.recorded())
+        return x.float(), recorded if keep is not None else None
 
     def forward(
         self,

@@ -17,6 +17,7 @@ from tritontts.cosyvoice2.flow.blocks import (
     sinusoidal_time_embedding,
 )
 from tritontts.cosyvoice2.flow.masks import additive_mask, attention_mask
+from tritontts.cosyvoice2.flow.prefix import PrefixRun, chunk_mask_after
 
 
 class Estimator(nn.Module):
@@ -64,11 +65,16 @@ class Estimator(nn.Module):
         self.final_block = CausalBlock1D(up_channels[-1], up_channels[-1])
         self.final_proj = PointwiseConv1d(up_channels[-1], config.out_channels)
 
-    def _transform(self, x: Tensor, attn_mask: Tensor, blocks: nn.ModuleList) -> Tensor:
+    def _transform(
+        self, x: Tensor, attn_mask: Tensor, blocks: nn.ModuleList, run: PrefixRun | None = None
+    ) -> Tensor:
         x = x.transpose(1, 2)
         for block in blocks:
-            x = block(x, attn_mask)
+            x = block(x, attn_mask, run)
         return x.transpose(1, 2)
+
+    def _resample(self, resample: nn.Module, x: Tensor, run: PrefixRun | None) -> Tensor:
+        return resample(x) if run is None else run.conv(resample, x)
 
     def forward(
         self,
@@ -79,8 +85,13 @@ class Estimator(nn.Module):
         spks: Tensor,
         cond: Tensor,
         streaming: bool = False,
+        run: PrefixRun | None = None,
     ) -> Tensor:
-        """x, mu, cond [B, 80, T]; mask [B, 1, T] (1 = valid); t [B]; spks [B, 80] → velocity [B, 80, T]."""
+        """x, mu, cond [B, 80, T]; mask [B, 1, T] (1 = valid); t [B]; spks [B, 80] → velocity [B, 80, T].
+
+        With `run` (streaming only, one level), the T frames follow `run.prefix`'s frames."""
+        if run is not None and (not streaming or len(self.down_blocks) != 1):
+            raise ValueError("a prefix run needs streaming and an estimator of one level")
         time_emb = self.time_mlp(sinusoidal_time_embedding(t, self.config.in_channels))
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
 
@@ -92,26 +103,30 @@ class Estimator(nn.Module):
             for known, attn_mask in made:
                 if known is level_mask:
                     return attn_mask
-            made.append((level_mask, additive_mask(attention_mask(level_mask.bool(), chunk), x.dtype)))
+            if run is None:
+                boolean = attention_mask(level_mask.bool(), chunk)
+            else:
+                boolean = chunk_mask_after(run.offset, level_mask.size(-1), chunk, level_mask.bool())
+            made.append((level_mask, additive_mask(boolean, x.dtype)))
             return made[-1][1]
 
         skips = []
         masks = [mask]
         for resnet, blocks, downsample in self.down_blocks:
             level_mask = masks[-1]
-            x = self._transform(resnet(x, level_mask, time_emb), attn(level_mask), blocks)
+            x = self._transform(resnet(x, level_mask, time_emb, run), attn(level_mask), blocks, run)
             skips.append(x)
-            x = downsample(x * level_mask)
+            x = self._resample(downsample, x * level_mask, run)
             masks.append(level_mask[:, :, ::2])
         masks = masks[:-1]
         mid_mask = masks[-1]
         for resnet, blocks in self.mid_blocks:
-            x = self._transform(resnet(x, mid_mask, time_emb), attn(mid_mask), blocks)
+            x = self._transform(resnet(x, mid_mask, time_emb, run), attn(mid_mask), blocks, run)
         for resnet, blocks, upsample in self.up_blocks:
             level_mask = masks.pop()
             skip = skips.pop()
             x = torch.cat([x[:, :, : skip.size(-1)], skip], dim=1)
-            x = self._transform(resnet(x, level_mask, time_emb), attn(level_mask), blocks)
-            x = upsample(x * level_mask)
-        x = self.final_block(x, level_mask)
+            x = self._transform(resnet(x, level_mask, time_emb, run), attn(level_mask), blocks, run)
+            x = self._resample(upsample, x * level_mask, run)
+        x = self.final_block(x, level_mask, run)
         return self.final_proj(x * level_mask) * mask

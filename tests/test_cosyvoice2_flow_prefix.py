@@ -1,0 +1,87 @@
+"""The flow decoder over the frames after a prefix of whole chunks (tritontts.cosyvoice2.flow.prefix) gives the
+mel the decoder gives over all the frames, on the tiny synthetic checkpoint in fp32."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritontts.cosyvoice2.flow import Flow, load_flow
+from tritontts.synthetic.cosyvoice2_flow import write_flow
+
+VOCAB = 6561
+CHUNK = 50  # the estimator's static_chunk_size (mel frames)
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory: pytest.TempPathFactory) -> Flow:
+    directory: Path = tmp_path_factory.mktemp("cosyvoice2_tiny_prefix")
+    write_flow(directory, "tiny", seed=0)
+    return load_flow(directory)
+
+
+def _conditions(flow: Flow, prompt_tokens: int, target_tokens: int):
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, VOCAB, (1, target_tokens), generator=gen, dtype=torch.int32)
+    prompt = torch.randint(0, VOCAB, (1, prompt_tokens), generator=gen, dtype=torch.int32)
+    return flow.conditions(
+        tokens,
+        torch.tensor([target_tokens], dtype=torch.int32),
+        prompt,
+        torch.tensor([prompt_tokens], dtype=torch.int32),
+        torch.randn(1, 2 * prompt_tokens, 80, generator=gen),
+        torch.randn(1, 192, generator=gen),
+        streaming=True,
+        finalize=True,
+    )
+
+
+def _full(flow: Flow, c, steps: int) -> torch.Tensor:
+    return flow.decoder(c.mu, torch.ones_like(c.mu[:, :1]), c.spks, c.cond, steps, streaming=True)
+
+
+@torch.inference_mode()
+def test_the_frames_after_a_prompt_prefix_match_the_whole_call(flow: Flow) -> None:
+    steps = flow.config.cfm.n_timesteps
+    c = _conditions(flow, prompt_tokens=60, target_tokens=28)  # 120 prompt frames: 2 whole chunks
+    full = _full(flow, c, steps)
+    start = 2 * CHUNK
+    _, prefixes = flow.decoder.solve_after(
+        None, c.mu[:, :, :start], c.spks, c.cond[:, :, :start], steps, keep=start
+    )
+    assert len(prefixes) == steps and all(p.frames == start for p in prefixes)
+    tail, _ = flow.decoder.solve_after(prefixes, c.mu[:, :, start:], c.spks, c.cond[:, :, start:], steps)
+    torch.testing.assert_close(tail, full[:, :, start:], atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_prefixes_recorded_inside_longer_calls_chain_chunk_after_chunk(flow: Flow) -> None:
+    """Each call runs past its whole chunks and keeps the state at the last chunk boundary, as a stream's calls
+    would: call 1 over frames 0-129 keeps 100, call 2 over 100-209 keeps 200, call 3 runs 200 to the end."""
+    steps = flow.config.cfm.n_timesteps
+    c = _conditions(flow, prompt_tokens=40, target_tokens=90)  # 260 frames
+    full = _full(flow, c, steps)
+    prefixes = None
+    for start, end, keep in ((0, 130, 100), (100, 210, 100), (200, 260, None)):
+        mel, prefixes_next = flow.decoder.solve_after(
+            prefixes, c.mu[:, :, start:end], c.spks, c.cond[:, :, start:end], steps, keep=keep
+        )
+        upto_end = _full(flow, replace(c, mu=c.mu[:, :, :end], cond=c.cond[:, :, :end]), steps)
+        torch.testing.assert_close(mel, upto_end[:, :, start:], atol=1e-5, rtol=1e-5)
+        if keep is not None:
+            assert prefixes_next[0].frames == start + keep
+        prefixes = prefixes_next
+    torch.testing.assert_close(mel, full[:, :, 200:], atol=1e-5, rtol=1e-5)
+
+
+def test_a_prefix_needs_streaming(flow: Flow) -> None:
+    from tritontts.cosyvoice2.flow.prefix import PrefixRun
+
+    mu = torch.zeros(2, 80, 10)
+    with pytest.raises(ValueError, match="streaming"):
+        flow.decoder.estimator(
+            mu, torch.ones(2, 1, 10), mu, torch.zeros(2), torch.zeros(2, 80), mu, False, PrefixRun(None, 10)
+        )
