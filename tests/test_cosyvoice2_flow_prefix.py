@@ -23,17 +23,21 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Flow:
     return load_flow(directory)
 
 
-def _conditions(flow: Flow, prompt_tokens: int, target_tokens: int):
+def _conditions(flow: Flow, prompt_tokens: int, target_tokens: int, target_seed: int = 6):
+    """A prompt drawn with seed 5 (tokens, mel, speaker) before target tokens drawn with `target_seed`."""
     gen = torch.Generator().manual_seed(5)
-    tokens = torch.randint(0, VOCAB, (1, target_tokens), generator=gen, dtype=torch.int32)
     prompt = torch.randint(0, VOCAB, (1, prompt_tokens), generator=gen, dtype=torch.int32)
+    feat = torch.randn(1, 2 * prompt_tokens, 80, generator=gen)
+    embedding = torch.randn(1, 192, generator=gen)
+    target = torch.Generator().manual_seed(target_seed)
+    tokens = torch.randint(0, VOCAB, (1, target_tokens), generator=target, dtype=torch.int32)
     return flow.conditions(
         tokens,
         torch.tensor([target_tokens], dtype=torch.int32),
         prompt,
         torch.tensor([prompt_tokens], dtype=torch.int32),
-        torch.randn(1, 2 * prompt_tokens, 80, generator=gen),
-        torch.randn(1, 192, generator=gen),
+        feat,
+        embedding,
         streaming=True,
         finalize=True,
     )
@@ -85,3 +89,32 @@ def test_a_prefix_needs_streaming(flow: Flow) -> None:
         flow.decoder.estimator(
             mu, torch.ones(2, 1, 10), mu, torch.zeros(2), torch.zeros(2, 80), mu, False, PrefixRun(None, 10)
         )
+
+
+@torch.inference_mode()
+def test_the_stable_prompt_frames_do_not_depend_on_the_target(flow: Flow) -> None:
+    from tritontts.cosyvoice2.flow.voice_prefixes import stable_prompt_frames
+
+    stable = stable_prompt_frames(60, flow.pre_lookahead_len, CHUNK // 2, 2)
+    assert stable == 2 * CHUNK
+    one, other = (_conditions(flow, 60, 28, target_seed=seed) for seed in (1, 2))
+    torch.testing.assert_close(one.mu[:, :, :stable], other.mu[:, :, :stable], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(one.mu[:, :, stable:120], other.mu[:, :, stable:120], atol=1e-3)
+
+
+def test_voice_prefixes_keep_the_recent_voices_within_the_budget() -> None:
+    from tritontts.cosyvoice2.flow.prefix import LayerPrefix
+    from tritontts.cosyvoice2.flow.voice_prefixes import VoicePrefixes
+
+    def prefixes(n_bytes: int) -> list[LayerPrefix]:
+        return [LayerPrefix(50, keys=[torch.zeros(n_bytes, dtype=torch.uint8)])]
+
+    store = VoicePrefixes(budget_bytes=250)
+    a = store.get("a", lambda: prefixes(100))
+    assert store.get("a", lambda: prefixes(1)) is a and store.made == 1
+    store.get("b", lambda: prefixes(100))
+    store.get("a", lambda: prefixes(1))  # a is now the most recent
+    store.get("c", lambda: prefixes(100))  # b goes
+    assert "a" in store and "c" in store and "b" not in store and store.nbytes == 200
+    big = store.get("d", lambda: prefixes(300))  # over the budget alone: made, not kept
+    assert big[0].keys[0].numel() == 300 and "d" not in store and store.made == 4
