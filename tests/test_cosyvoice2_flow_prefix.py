@@ -118,3 +118,43 @@ def test_voice_prefixes_keep_the_recent_voices_within_the_budget() -> None:
     assert "a" in store and "c" in store and "b" not in store and store.nbytes == 200
     big = store.get("d", lambda: prefixes(300))  # over the budget alone: made, not kept
     assert big[0].keys[0].numel() == 300 and "d" not in store and store.made == 4
+
+
+@torch.inference_mode()
+def test_rows_of_different_lengths_after_one_prefix_match_each_row_alone(flow: Flow) -> None:
+    """Two calls of one voice, 28 and 53 target tokens, in one batch padded to the longer after a shared prefix."""
+    steps = flow.config.cfm.n_timesteps
+    short, long = (_conditions(flow, 60, n, target_seed=n) for n in (28, 53))
+    start = 2 * CHUNK
+    _, prefix = flow.decoder.solve_after(
+        None, short.mu[:, :, :start], short.spks, short.cond[:, :, :start], steps, keep=start
+    )
+    doubled = [_rows_twice(p) for p in prefix]
+    frames = long.mu.size(2) - start
+    mu = torch.zeros(2, 80, frames)
+    cond = torch.zeros(2, 80, frames)
+    mask = torch.zeros(2, 1, frames)
+    for row, c in enumerate((short, long)):
+        n = c.mu.size(2) - start
+        mu[row, :, :n], cond[row, :, :n], mask[row, :, :n] = c.mu[0, :, start:], c.cond[0, :, start:], 1
+    mel, _ = flow.decoder.solve_after(doubled, mu, torch.cat([short.spks, long.spks]), cond, steps, mask=mask)
+    for row, c in enumerate((short, long)):
+        n = c.mu.size(2) - start
+        torch.testing.assert_close(
+            mel[row : row + 1, :, :n], _full(flow, c, steps)[:, :, start:], atol=1e-5, rtol=1e-5
+        )
+
+
+def _rows_twice(prefix):
+    """A one-row prefix (a CFG pair: conditioned, unconditioned) for two rows of the voice: c, c, u, u."""
+    from tritontts.cosyvoice2.flow.prefix import LayerPrefix
+
+    def twice(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[:1], t[:1], t[1:], t[1:]])
+
+    return LayerPrefix(
+        prefix.frames,
+        [twice(t) for t in prefix.convs],
+        [twice(t) for t in prefix.keys],
+        [twice(t) for t in prefix.values],
+    )

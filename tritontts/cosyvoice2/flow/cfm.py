@@ -104,14 +104,16 @@ class CausalCFM(nn.Module):
         cond: Tensor,
         n_timesteps: int,
         keep: int | None = None,
+        mask: Tensor | None = None,
     ) -> tuple[Tensor, list[LayerPrefix] | None]:
         """The Euler loop over frames that follow `prefixes` (one per step, as a call over the frames before
-        these recorded them; None: from frame 0), streaming, rows of one length: mu, cond [B, 80, T],
-        spks [B, 80] → (mel [B, 80, T] fp32, with `keep`: the prefixes after the first `keep` of these frames)."""
+        these recorded them; None: from frame 0), streaming: mu, cond [B, 80, T], spks [B, 80], `mask` [B, 1, T]
+        (1 on each row's frames, 0 on the padding after them; None: all 1) → (mel [B, 80, T] fp32, with `keep`,
+        at most the shortest row: the prefixes after the first `keep` of these frames)."""
         if prefixes is not None and len(prefixes) != n_timesteps:
             raise ValueError(f"need one prefix per step ({n_timesteps}), got {len(prefixes)}")
         offset = 0 if prefixes is None else prefixes[0].frames
-        mask = torch.ones_like(mu[:, :1])
+        mask = torch.ones_like(mu[:, :1]) if mask is None else mask.to(mu.dtype)
         mu_in, mask_in, spks_in, cond_in = self.guided_inputs(mu, mask, spks, cond)
         dtype = spks_in.dtype
         x = self.start(mu.size(0), mu.size(2), mu.dtype, offset=offset)
