@@ -129,7 +129,6 @@ def test_rows_of_different_lengths_after_one_prefix_match_each_row_alone(flow: F
     _, prefix = flow.decoder.solve_after(
         None, short.mu[:, :, :start], short.spks, short.cond[:, :, :start], steps, keep=start
     )
-    doubled = [_rows_twice(p) for p in prefix]
     frames = long.mu.size(2) - start
     mu = torch.zeros(2, 80, frames)
     cond = torch.zeros(2, 80, frames)
@@ -137,7 +136,7 @@ def test_rows_of_different_lengths_after_one_prefix_match_each_row_alone(flow: F
     for row, c in enumerate((short, long)):
         n = c.mu.size(2) - start
         mu[row, :, :n], cond[row, :, :n], mask[row, :, :n] = c.mu[0, :, start:], c.cond[0, :, start:], 1
-    mel, _ = flow.decoder.solve_after(doubled, mu, torch.cat([short.spks, long.spks]), cond, steps, mask=mask)
+    mel, _ = flow.decoder.solve_after(prefix, mu, torch.cat([short.spks, long.spks]), cond, steps, mask=mask)
     for row, c in enumerate((short, long)):
         n = c.mu.size(2) - start
         torch.testing.assert_close(
@@ -145,16 +144,21 @@ def test_rows_of_different_lengths_after_one_prefix_match_each_row_alone(flow: F
         )
 
 
-def _rows_twice(prefix):
-    """A one-row prefix (a CFG pair: conditioned, unconditioned) for two rows of the voice: c, c, u, u."""
-    from tritontts.cosyvoice2.flow.prefix import LayerPrefix
+@torch.inference_mode()
+def test_decode_after_voices_gives_what_decode_gives(flow: Flow) -> None:
+    """Three streamed calls of two voices (one voice twice, different lengths) and one whose prompt is too short
+    for a prefix: the same mel as flow.decode, and each voice's prefix made once."""
+    from tritontts.cosyvoice2.flow.voice_decode import decode_after_voices
+    from tritontts.cosyvoice2.flow.voice_prefixes import VoicePrefixes
 
-    def twice(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t[:1], t[:1], t[1:], t[1:]])
-
-    return LayerPrefix(
-        prefix.frames,
-        [twice(t) for t in prefix.convs],
-        [twice(t) for t in prefix.keys],
-        [twice(t) for t in prefix.values],
-    )
+    calls = [_conditions(flow, 60, 28, 1), _conditions(flow, 60, 53, 2), _conditions(flow, 80, 30, 3)]
+    calls.append(_conditions(flow, 20, 28, 4))
+    voices = [("a", 60), ("a", 60), ("b", 80), ("c", 20)]
+    store = VoicePrefixes(budget_bytes=1 << 30)
+    mels = decode_after_voices(flow, calls, voices, store)
+    for mel, expected in zip(mels, flow.decode(calls)):
+        torch.testing.assert_close(mel, expected, atol=1e-5, rtol=1e-5)
+    assert store.made == 2 and "a" in store and "b" in store
+    again = decode_after_voices(flow, calls[:1], voices[:1], store)
+    torch.testing.assert_close(again[0], mels[0])
+    assert store.made == 2

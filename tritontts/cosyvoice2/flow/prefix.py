@@ -50,7 +50,7 @@ class PrefixRun:
         if self.prefix is None:
             history = x.new_zeros(x.size(0), x.size(1), conv.causal_padding)
         else:
-            history = self.prefix.convs[self._conv]
+            history = spread(self.prefix.convs[self._conv], x.size(0))
         self._conv += 1
         if self.keep is not None:
             window = torch.cat([history, x[:, :, : self.keep]], dim=2)
@@ -60,8 +60,8 @@ class PrefixRun:
     def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """This call's keys and values [B, heads, T, d] after the prefix's: what its queries attend to."""
         if self.prefix is not None:
-            k = torch.cat([self.prefix.keys[self._attention], k], dim=2)
-            v = torch.cat([self.prefix.values[self._attention], v], dim=2)
+            k = after(self.prefix.keys[self._attention], k)
+            v = after(self.prefix.values[self._attention], v)
         self._attention += 1
         if self.keep is not None:
             self._recorded.keys.append(k[:, :, : self._recorded.frames])
@@ -72,6 +72,28 @@ class PrefixRun:
         if self.keep is None:
             raise RuntimeError("this run records nothing: give it keep")
         return self._recorded
+
+
+def spread(pair: Tensor, rows: int) -> Tensor:
+    """A prefix tensor of one voice's CFG pair [2, ...] (conditioned, unconditioned) for `rows` rows of the
+    estimator's batch (the conditioned half first, as `CausalCFM.guided_inputs` orders them); others as they are."""
+    if pair.size(0) == rows:
+        return pair
+    half = rows // 2
+    return torch.cat([pair[:1].expand(half, *pair.shape[1:]), pair[1:].expand(half, *pair.shape[1:])])
+
+
+def after(prefix: Tensor, new: Tensor) -> Tensor:
+    """prefix [2 or B, heads, S, d] then new [B, heads, T, d] on time, with one copy of the prefix per row written
+    straight into the result."""
+    if prefix.size(0) == new.size(0):
+        return torch.cat([prefix, new], dim=2)
+    out = new.new_empty(new.size(0), new.size(1), prefix.size(2) + new.size(2), new.size(3))
+    half = new.size(0) // 2
+    out[:half, :, : prefix.size(2)] = prefix[:1]
+    out[half:, :, : prefix.size(2)] = prefix[1:]
+    out[:, :, prefix.size(2) :] = new
+    return out
 
 
 def chunk_mask_after(prefix_frames: int, frames: int, chunk_size: int, valid: Tensor) -> Tensor:

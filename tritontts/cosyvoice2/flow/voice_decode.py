@@ -1,0 +1,81 @@
+"""`Flow.decode` for streamed calls, each call's frames decoded after its voice's prefix (the estimator state over
+the prompt's stable whole chunks, made once per voice and kept in a `VoicePrefixes`): calls of one voice share one
+batch, padded to the longest."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from tritontts.cosyvoice2.flow.flow import Flow, FlowConditions
+from tritontts.cosyvoice2.flow.prefix import LayerPrefix
+from tritontts.cosyvoice2.flow.voice_prefixes import VoicePrefixes, stable_prompt_frames
+
+
+def prefix_frames(flow: Flow, prompt_tokens: int) -> int:
+    """The mel frames of a prompt of `prompt_tokens` tokens that its voice's prefix covers (0: none)."""
+    chunk_frames = flow.decoder.estimator.config.static_chunk_size
+    ratio = flow.token_mel_ratio
+    return stable_prompt_frames(prompt_tokens, flow.pre_lookahead_len, chunk_frames // ratio, ratio)
+
+
+def decode_after_voices(
+    flow: Flow,
+    conditions: Sequence[FlowConditions],
+    voices: Sequence[tuple[str, int]],
+    store: VoicePrefixes,
+) -> list[Tensor]:
+    """What `flow.decode(conditions)` gives (the target's mel, float32 [1, 80, T - prompt_frames] each) for
+    streamed calls; `voices[i]`: call i's voice key and prompt tokens. Calls whose prompt has no stable whole
+    chunk go through `flow.decode`."""
+    mels: list[Tensor | None] = [None] * len(conditions)
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain = []
+    for i, (c, (key, tokens)) in enumerate(zip(conditions, voices)):
+        start = prefix_frames(flow, tokens)
+        if not c.streaming or start == 0 or start > c.prompt_frames:
+            plain.append(i)
+        else:
+            groups.setdefault((key, start), []).append(i)
+    for i, mel in zip(plain, flow.decode([conditions[i] for i in plain])):
+        mels[i] = mel
+    steps = flow.config.cfm.n_timesteps
+    for (key, start), members in groups.items():
+        first = conditions[members[0]]
+        prefix = store.get(key, lambda first=first, start=start: _make_prefix(flow, first, start, steps))
+        for i, mel in zip(
+            members, _decode_group(flow, [conditions[i] for i in members], prefix, start, steps)
+        ):
+            mels[i] = mel
+    return mels
+
+
+def _make_prefix(flow: Flow, c: FlowConditions, start: int, steps: int) -> list[LayerPrefix]:
+    _, prefixes = flow.decoder.solve_after(
+        None, c.mu[:, :, :start], c.spks, c.cond[:, :, :start], steps, keep=start
+    )
+    return prefixes
+
+
+def _decode_group(
+    flow: Flow, rows: Sequence[FlowConditions], prefix: list[LayerPrefix], start: int, steps: int
+) -> list[Tensor]:
+    frames = max(c.mu.size(2) for c in rows) - start
+    first = rows[0].mu
+    mu = first.new_zeros(len(rows), first.size(1), frames)
+    cond = torch.zeros_like(mu)
+    mask = first.new_zeros(len(rows), 1, frames)
+    for row, c in enumerate(rows):
+        length = c.mu.size(2) - start
+        mu[row, :, :length], cond[row, :, :length], mask[row, :, :length] = (
+            c.mu[0, :, start:],
+            c.cond[0, :, start:],
+            1,
+        )
+    spks = torch.cat([c.spks for c in rows])
+    mel, _ = flow.decoder.solve_after(prefix, mu, spks, cond, steps, mask=mask)
+    return [
+        mel[row : row + 1, :, c.prompt_frames - start : c.mu.size(2) - start] for row, c in enumerate(rows)
+    ]
