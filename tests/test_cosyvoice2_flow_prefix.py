@@ -162,3 +162,83 @@ def test_decode_after_voices_gives_what_decode_gives(flow: Flow) -> None:
     again = decode_after_voices(flow, calls[:1], voices[:1], store)
     torch.testing.assert_close(again[0], mels[0])
     assert store.made == 2
+
+
+def _graphed(flow: Flow, batch_sizes: tuple[int, ...], prefix_frames: tuple[int, ...]):
+    from tritontts.cosyvoice2.flow.prefix_graphs import GraphedPrefixCFM
+    from tritontts.cuda_graphs import FlowGraphConfig
+
+    config = FlowGraphConfig(buckets=(64, 128, 192), batch_sizes=batch_sizes, streaming=(True,))
+    return GraphedPrefixCFM(flow.decoder, flow.config.cfm.n_timesteps, config, prefix_frames)
+
+
+def _prefix(flow: Flow, c, start: int):
+    steps = flow.config.cfm.n_timesteps
+    return flow.decoder.solve_after(
+        None, c.mu[:, :, :start], c.spks, c.cond[:, :, :start], steps, keep=start
+    )[1]
+
+
+@torch.inference_mode()
+def test_graphed_prefix_calls_padded_to_a_batch_and_bucket_match_each_row_alone(flow: Flow) -> None:
+    """Without captured graphs (CPU) a call runs padded as a graph would: 3 rows to batch 4, 60-106 frames to the
+    128 bucket; each row is what the unpadded run of it alone gives. Past the largest batch it runs unpadded."""
+    steps = flow.config.cfm.n_timesteps
+    calls = [_conditions(flow, 60, n, target_seed=n) for n in (28, 40, 51)]
+    start = 2 * CHUNK
+    prefix = _prefix(flow, calls[0], start)
+    graphed = _graphed(flow, (1, 4), (start,))
+    frames = max(c.mu.size(2) for c in calls) - start
+    mu, cond, mask = torch.zeros(3, 80, frames), torch.zeros(3, 80, frames), torch.zeros(3, 1, frames)
+    for row, c in enumerate(calls):
+        n = c.mu.size(2) - start
+        mu[row, :, :n], cond[row, :, :n], mask[row, :, :n] = c.mu[0, :, start:], c.cond[0, :, start:], 1
+    spks = torch.cat([c.spks for c in calls])
+    mel = graphed("a", prefix, mu, spks, cond, mask)
+    assert mel.shape == (3, 80, frames) and graphed.calls["padded"] == 1
+    for row, c in enumerate(calls):
+        n = c.mu.size(2) - start
+        alone, _ = flow.decoder.solve_after(prefix, c.mu[:, :, start:], c.spks, c.cond[:, :, start:], steps)
+        torch.testing.assert_close(mel[row : row + 1, :, :n], alone, atol=1e-5, rtol=1e-5)
+    wide = _graphed(flow, (1, 2), (start,))
+    torch.testing.assert_close(wide("a", prefix, mu, spks, cond, mask), mel, atol=1e-5, rtol=1e-5)
+    assert wide.calls["padded"] == 0
+
+
+@torch.inference_mode()
+def test_the_static_prefix_takes_a_voices_prefix_once_until_another_comes(flow: Flow) -> None:
+    """The graphs' prefix buffers hold the longest length; a shorter prefix fills a view of their first frames,
+    and is copied in again only for another voice or length."""
+    graphed = _graphed(flow, (1,), (CHUNK, 2 * CHUNK))
+    graphed._static = graphed._make_static(2 * CHUNK)
+    a, b = _conditions(flow, 60, 28, 1), _conditions(flow, 80, 28, 2)
+    short = _prefix(flow, a, CHUNK)
+    graphed._load("a", short)
+    graphed._load("a", short)
+    assert graphed.calls["copied"] == 1
+    view = graphed._static[3]
+    torch.testing.assert_close(view.keys[-1][:, :, :CHUNK], short[3].keys[-1])
+    torch.testing.assert_close(view.convs[-1], short[3].convs[-1])
+    long = _prefix(flow, b, 2 * CHUNK)
+    graphed._load("b", long)
+    graphed._load("a", short)
+    assert graphed.calls["copied"] == 3
+    torch.testing.assert_close(graphed._static[-1].values[0][:, :, :CHUNK], short[-1].values[0])
+
+
+@torch.inference_mode()
+def test_decode_after_voices_through_the_graphed_runner_gives_what_decode_gives(flow: Flow) -> None:
+    """Prefix lengths 50 and 100 frames, batches of at most 2: the 80-token prompt (150 stable frames) uses 100,
+    the three calls of voice a run as two batches, the 20-token prompt has no prefix length and decodes whole."""
+    from tritontts.cosyvoice2.flow.voice_decode import decode_after_voices
+    from tritontts.cosyvoice2.flow.voice_prefixes import VoicePrefixes
+
+    calls = [_conditions(flow, 60, n, n) for n in (28, 40, 53)]
+    calls += [_conditions(flow, 80, 30, 3), _conditions(flow, 20, 28, 4)]
+    voices = [("a", 60)] * 3 + [("b", 80), ("c", 20)]
+    store = VoicePrefixes(budget_bytes=1 << 30)
+    graphed = _graphed(flow, (1, 2), (CHUNK, 2 * CHUNK))
+    mels = decode_after_voices(flow, calls, voices, store, graphed)
+    for mel, expected in zip(mels, flow.decode(calls)):
+        torch.testing.assert_close(mel, expected, atol=1e-5, rtol=1e-5)
+    assert store.made == 2 and graphed.calls["padded"] == 3

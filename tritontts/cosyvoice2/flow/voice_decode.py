@@ -11,14 +11,19 @@ from torch import Tensor
 
 from tritontts.cosyvoice2.flow.flow import Flow, FlowConditions
 from tritontts.cosyvoice2.flow.prefix import LayerPrefix
+from tritontts.cosyvoice2.flow.prefix_graphs import GraphedPrefixCFM
 from tritontts.cosyvoice2.flow.voice_prefixes import VoicePrefixes, stable_prompt_frames
 
 
-def prefix_frames(flow: Flow, prompt_tokens: int) -> int:
-    """The mel frames of a prompt of `prompt_tokens` tokens that its voice's prefix covers (0: none)."""
+def prefix_frames(flow: Flow, prompt_tokens: int, lengths: Sequence[int] | None = None) -> int:
+    """The mel frames of a prompt of `prompt_tokens` tokens that its voice's prefix covers (0: none): its stable
+    whole chunks, or with `lengths` the longest of them that fits those."""
     chunk_frames = flow.decoder.estimator.config.static_chunk_size
     ratio = flow.token_mel_ratio
-    return stable_prompt_frames(prompt_tokens, flow.pre_lookahead_len, chunk_frames // ratio, ratio)
+    stable = stable_prompt_frames(prompt_tokens, flow.pre_lookahead_len, chunk_frames // ratio, ratio)
+    if lengths is None:
+        return stable
+    return max((n for n in lengths if n <= stable), default=0)
 
 
 def decode_after_voices(
@@ -26,15 +31,18 @@ def decode_after_voices(
     conditions: Sequence[FlowConditions],
     voices: Sequence[tuple[str, int]],
     store: VoicePrefixes,
+    graphed: GraphedPrefixCFM | None = None,
 ) -> list[Tensor]:
     """What `flow.decode(conditions)` gives (the target's mel, float32 [1, 80, T - prompt_frames] each) for
     streamed calls; `voices[i]`: call i's voice key and prompt tokens. Calls whose prompt has no stable whole
-    chunk go through `flow.decode`."""
+    chunk (with `graphed`: none of its prefix lengths) go through `flow.decode`; with `graphed`, a voice's calls
+    run in batches of at most its largest batch size."""
+    lengths = graphed.prefix_frames if graphed is not None else None
     mels: list[Tensor | None] = [None] * len(conditions)
     groups: dict[tuple[str, int], list[int]] = {}
     plain = []
     for i, (c, (key, tokens)) in enumerate(zip(conditions, voices)):
-        start = prefix_frames(flow, tokens)
+        start = prefix_frames(flow, tokens, lengths)
         if not c.streaming or start == 0 or start > c.prompt_frames:
             plain.append(i)
         else:
@@ -45,10 +53,12 @@ def decode_after_voices(
     for (key, start), members in groups.items():
         first = conditions[members[0]]
         prefix = store.get(key, lambda first=first, start=start: _make_prefix(flow, first, start, steps))
-        for i, mel in zip(
-            members, _decode_group(flow, [conditions[i] for i in members], prefix, start, steps)
-        ):
-            mels[i] = mel
+        widest = max(graphed.config.batch_sizes) if graphed is not None else len(members)
+        for first_row in range(0, len(members), widest):
+            batch = members[first_row : first_row + widest]
+            rows = [conditions[i] for i in batch]
+            for i, mel in zip(batch, _decode_group(flow, rows, prefix, start, steps, key, graphed)):
+                mels[i] = mel
     return mels
 
 
@@ -60,7 +70,13 @@ def _make_prefix(flow: Flow, c: FlowConditions, start: int, steps: int) -> list[
 
 
 def _decode_group(
-    flow: Flow, rows: Sequence[FlowConditions], prefix: list[LayerPrefix], start: int, steps: int
+    flow: Flow,
+    rows: Sequence[FlowConditions],
+    prefix: list[LayerPrefix],
+    start: int,
+    steps: int,
+    voice: str,
+    graphed: GraphedPrefixCFM | None,
 ) -> list[Tensor]:
     frames = max(c.mu.size(2) for c in rows) - start
     first = rows[0].mu
@@ -75,7 +91,10 @@ def _decode_group(
             1,
         )
     spks = torch.cat([c.spks for c in rows])
-    mel, _ = flow.decoder.solve_after(prefix, mu, spks, cond, steps, mask=mask)
+    if graphed is not None:
+        mel = graphed(voice, prefix, mu, spks, cond, mask)
+    else:
+        mel, _ = flow.decoder.solve_after(prefix, mu, spks, cond, steps, mask=mask)
     return [
         mel[row : row + 1, :, c.prompt_frames - start : c.mu.size(2) - start] for row, c in enumerate(rows)
     ]
