@@ -114,6 +114,7 @@ token2wav_cuda_graphs=auto          # replay the flow decoder and the vocoder (H
 token2wav_compile=auto              # the flow estimator inside those graphs compiled by torch.compile (minutes at the first load, then cached on disk; H100, CosyVoice2-DiT: 44% fewer kernels a chunk, first chunk p50 64 -> 51 ms at c=1, 791 -> 452 ms at c=16): auto (where there are graphs, on CUDA) | true | false
 token2wav_graph_batch_sizes=auto   # concurrent token2wav calls (of different streams) one graphed flow call takes: auto (1,2,4,8; cosyvoice2_dit 1: its batched graphs need a 17 GiB pool on an H100, and within the 4 GiB limit they mostly run uncaptured and slower) | a list such as 1,2,4
 token2wav_first_chunks_first=true  # stage 2, CosyVoice families: true (token2wav makes and answers the streams' first chunks of a batch before its later chunks) | queue (a worker runs every waiting first chunk before the next group of later calls; not yet measured on a GPU) | false; docs/gpu-hosts.md#first-chunks-first-in-a-batch
+token2wav_voice_prefix_gib=0        # stage 2, cosyvoice2: GiB of flow prefixes its token2wav keeps, 0 = off: streamed calls decode only the frames after their voice's stable prompt chunks, made once per voice (not yet measured in a server on a GPU); docs/gpu-hosts.md#voice-prefix-cache
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
 onnx_threads=1                      # cosyvoice2/3: intra-op CPU threads of each speech tokenizer and CAMPPlus instance (upstream: 1)
@@ -246,6 +247,7 @@ case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be t
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
 case "$first_chunk_priority" in true|false) ;; *) echo "run.sh: --first_chunk_priority must be true or false" >&2; exit 2 ;; esac
 case "$token2wav_first_chunks_first" in true|queue|false) ;; *) echo "run.sh: --token2wav_first_chunks_first must be true, queue or false" >&2; exit 2 ;; esac
+[[ "$token2wav_voice_prefix_gib" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "run.sh: --token2wav_voice_prefix_gib must be 0 (off) or a number of GiB, got '$token2wav_voice_prefix_gib'" >&2; exit 2; }
 case "$llm_compile" in auto|true|false) ;; *) echo "run.sh: --llm_compile must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$bls_instance_num" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --bls_instance_num must be auto or a positive integer" >&2; exit 2; }
 case "$gpu_layout" in servers|instances) ;; *) echo "run.sh: --gpu_layout must be servers or instances, not '$gpu_layout'" >&2; exit 2 ;; esac
@@ -392,7 +394,7 @@ write_cosyvoice2_models() {
       audio_tokenizer) fill "$repo/$name/config.pbtxt" "${front},instance_num:${audio_tokenizer_instance_num}" ;;
       speaker_embedding) fill "$repo/$name/config.pbtxt" "${front},instance_num:${speaker_embedding_instance_num}" ;;
       token2wav) fill "$repo/$name/config.pbtxt" \
-        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},first_chunk_priority:${first_chunk_priority},first_chunks_first:${token2wav_first_chunks_first}" ;;
+        "model_dir:${abs_t2w_dir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},flow_compile:${flow_compile},stream_calls:${stream_calls},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},first_chunk_priority:${first_chunk_priority},first_chunks_first:${token2wav_first_chunks_first},voice_prefix_gib:${token2wav_voice_prefix_gib}" ;;
       token2wav_dit) fill "$repo/$name/config.pbtxt" \
         "model_dir:${abs_model_dir}/${dit_subdir},${common},device:${model_device},dtype:${token2wav_dtype},instance_num:${token2wav_instance_num},cuda_graphs:${token2wav_cuda_graphs},cuda_graph_batch_sizes:${token2wav_graph_batch_sizes//,/\\,},flow_compile:${flow_compile},max_reference_seconds:${max_reference_seconds},first_chunk_priority:${first_chunk_priority},first_chunks_first:${token2wav_first_chunks_first}" ;;
       *) echo "run.sh: no template values for the leaf model '$name'" >&2; exit 1 ;;

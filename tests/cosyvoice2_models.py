@@ -99,18 +99,20 @@ def install_token2wav(
     model_dir: Path,
     priority: bool = False,
     first_chunks_first: str = "true",
+    voice_prefix_gib: float = 0,
 ) -> None:
     """The token2wav of `templates` (CosyVoice2's or CosyVoice3's) as Triton model `name` (CPU, float32;
-    `priority`: its first_chunk_priority)."""
-    install_template(
-        templates,
-        "token2wav",
-        repo,
-        name,
+    `priority`: its first_chunk_priority; `voice_prefix_gib` where the template has it: CosyVoice2's)."""
+    values = (
         f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,"
         f"stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:{str(priority).lower()},"
-        f"first_chunks_first:{first_chunks_first}",
+        f"first_chunks_first:{first_chunks_first}"
     )
+    if "${voice_prefix_gib}" in (templates / "token2wav" / "config.pbtxt").read_text():
+        values += f",voice_prefix_gib:{voice_prefix_gib}"
+    elif voice_prefix_gib:
+        raise ValueError(f"the token2wav of {templates} has no voice_prefix_gib")
+    install_template(templates, "token2wav", repo, name, values)
 
 
 def install_llm_engine(

@@ -98,7 +98,7 @@ def build_reliability_cosyvoice2_models(repo: Path, data: Path) -> None:
         "token2wav",
         repo,
         COSY_TOKEN2WAV,
-        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false,first_chunks_first:true",
+        f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,cuda_graphs:auto,flow_compile:false,stream_calls:true,instance_num:1,cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false,first_chunks_first:true,voice_prefix_gib:0",
         COSY_TEMPLATES,
     )
     values = bls_values(model_dir, llm_dir, True, "tensorrt_llm", token2wav=COSY_TOKEN2WAV)

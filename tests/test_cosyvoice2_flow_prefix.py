@@ -242,3 +242,53 @@ def test_decode_after_voices_through_the_graphed_runner_gives_what_decode_gives(
     for mel, expected in zip(mels, flow.decode(calls)):
         torch.testing.assert_close(mel, expected, atol=1e-5, rtol=1e-5)
     assert store.made == 2 and graphed.calls["padded"] == 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tritontts.synthetic.cosyvoice2_hift import write_hift
+
+    directory = tmp_path_factory.mktemp("cosyvoice2_tiny_token2wav")
+    write_flow(directory, "tiny", seed=0)
+    write_hift(directory, "tiny", seed=0)
+    return directory
+
+
+def test_token2wav_streams_with_voice_prefixes_sound_as_without(model_dir: Path) -> None:
+    """Two streams of one 60-token voice and one of a 20-token voice (no prefix), first chunks together, then
+    later chunks and the finalize calls: the same audio with the voice prefix cache as without it, the long
+    voice's prefix made once."""
+    from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
+
+    gen = torch.Generator().manual_seed(11)
+
+    def voice(tokens: int):
+        return (
+            torch.randint(0, VOCAB, (1, tokens), generator=gen, dtype=torch.int32),
+            torch.randn(1, 2 * tokens, 80, generator=gen),
+            torch.randn(1, 192, generator=gen),
+        )
+
+    long, short = voice(60), voice(20)
+    targets = {name: torch.randint(0, VOCAB, (1, 60), generator=gen, dtype=torch.int32) for name in "abc"}
+    voices = {"a": long, "b": long, "c": short}
+    rounds = [(0, 28, False), (25, 53, False), (50, 60, True)]
+
+    def run(t2w: Token2Wav) -> dict[str, list[torch.Tensor]]:
+        audio: dict[str, list[torch.Tensor]] = {name: [] for name in targets}
+        for offset, end, finalize in rounds:
+            calls = [
+                Token2WavCall(targets[n][:, :end], *voices[n], n, offset, finalize) for n in sorted(targets)
+            ]
+            for name, result in zip(sorted(targets), t2w.run_many(calls)):
+                assert not isinstance(result, Exception), result
+                audio[name].append(result)
+        return audio
+
+    plain = run(Token2Wav.from_model_dir(model_dir))
+    cached_t2w = Token2Wav.from_model_dir(model_dir, voice_prefix_bytes=1 << 30)
+    cached = run(cached_t2w)
+    for name in targets:
+        for a, b in zip(cached[name], plain[name]):
+            torch.testing.assert_close(a, b, atol=1e-3, rtol=0)
+    assert cached_t2w.flow.voice_decoder.store.made == 1

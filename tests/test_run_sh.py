@@ -212,6 +212,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("llm_decode_linear", "auto"),
         ("token2wav_compile", "auto"),
         ("token2wav_first_chunks_first", "true"),
+        ("token2wav_voice_prefix_gib", "0"),
     ):
         assert f"\n  --{option} [{default}]" in done.stdout
 
@@ -237,6 +238,10 @@ def test_help_lists_the_cosyvoice2_knobs():
         (
             ["--model", "cosyvoice2", "--token2wav_first_chunks_first", "yes"],
             "--token2wav_first_chunks_first must be true, queue or false",
+        ),
+        (
+            ["--model", "cosyvoice2", "--token2wav_voice_prefix_gib", "-1"],
+            "--token2wav_voice_prefix_gib must be 0 (off) or a number of GiB",
         ),
     ],
 )
@@ -302,7 +307,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     command += ["--llm_backend", backend, "--exp_dir", str(cosyvoice2_exp), "--python", sys.executable]
     command += ["--dynamic_chunk_strategy", "fixed", "--token_hop_len", "20", "--token2wav_dtype", "float16"]
     command += ["--token2wav_cuda_graphs", "false", "--token2wav_graph_batch_sizes", "1,3"]
-    command += ["--token2wav_first_chunks_first", "queue"]
+    command += ["--token2wav_first_chunks_first", "queue", "--token2wav_voice_prefix_gib", "2.5"]
     command += [
         "--token2wav_instance_num",
         "2",
@@ -344,6 +349,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
     )
     assert token2wav["flow_compile"] == ("true" if backend == "torch" else "auto")
     assert (token2wav["first_chunks_first"], token2wav["first_chunk_priority"]) == ("queue", "true")
+    assert token2wav["voice_prefix_gib"] == "2.5"
     assert token2wav["stream_calls"] == ("true" if mode == "streaming" else "false")
     assert len(parsed["token2wav"].instance_group) == 1 and parsed["token2wav"].instance_group[0].count == 2
     # streams stay on the instance that holds their state: the sequence batcher routes them (offline: no state)

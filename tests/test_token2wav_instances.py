@@ -41,7 +41,9 @@ def build_two_instance_token2wav(repo: Path, data: Path) -> None:
     paths = checkpoint_paths(data.parent / "build_cosyvoice2_models")
     model_dir = paths.model_dir.resolve()
     values = f"model_dir:{model_dir},{COMMON},device:cpu,dtype:float32,instance_num:2,cuda_graphs:auto,flow_compile:false,stream_calls:true"
-    values += ",cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false,first_chunks_first:true"
+    values += (
+        ",cuda_graph_batch_sizes:1\\,2,first_chunk_priority:false,first_chunks_first:true,voice_prefix_gib:0"
+    )
     install_template(TEMPLATES, "token2wav", repo, TWO, values)
     config = install_template(TEMPLATES, "token2wav", repo, ROUTED, values) / "config.pbtxt"
     config.write_text(use_sequence_batching(config.read_text(), max_candidates=4))

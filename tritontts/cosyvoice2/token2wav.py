@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from tritontts.cosyvoice2.flow.voice_prefixes import voice_key
 from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import mark_on_device
@@ -216,8 +217,10 @@ class Token2Wav:
         seed: int | None = 0,
         mel_cache_frames: int = MEL_CACHE_FRAMES,
         stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        voice_keys: bool = False,
     ) -> None:
         self.flow = flow
+        self.voice_keys = voice_keys
         self.hift = hift
         self.token_mel_ratio = token_mel_ratio
         self.device = torch.device(device)
@@ -240,19 +243,25 @@ class Token2Wav:
         seed: int | None = 0,
         flow_graphs: FlowGraphConfig | None = None,
         stream_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        voice_prefix_bytes: int = 0,
     ) -> Token2Wav:
         """`cosyvoice2.yaml`, `flow.pt` (in `dtype`) and `hift.pt` (fp32, as upstream) from a model directory.
 
         `flow_graphs` (CUDA only): capture the flow decoder's CUDA graphs now and replay them for every call
-        that fits one; the HiFT then replays graphs of the mel lengths it has seen before."""
+        that fits one; the HiFT then replays graphs of the mel lengths it has seen before. `voice_prefix_bytes`
+        (0: off): streamed calls decode after their voice's flow prefix, made once per voice and kept within
+        this many bytes (tritontts.cosyvoice2.flow.voice_decode; with `flow_graphs`, its graphs too)."""
         from tritontts.cosyvoice2.config import load_cosyvoice2_config
         from tritontts.cosyvoice2.flow import load_flow
+        from tritontts.cosyvoice2.flow.voice_decode import use_voice_prefixes
 
         model_dir = Path(model_dir)
         config = load_cosyvoice2_config(model_dir / CONFIG_FILE)
         flow = load_flow(model_dir, config, device, dtype)
         if flow_graphs is not None:
             flow.use_cuda_graphs(flow_graphs)
+        if voice_prefix_bytes > 0:
+            use_voice_prefixes(flow, voice_prefix_bytes, flow_graphs)
         hift = load_hift(model_dir / HIFT_FILE, HiFTConfig.from_yaml_dict(config.hift), device)
         if flow_graphs is not None:
             hift.use_cuda_graphs()
@@ -264,7 +273,15 @@ class Token2Wav:
             dtype,
             seed,
             stream_idle_timeout_s=stream_idle_timeout_s,
+            voice_keys=voice_prefix_bytes > 0,
         )
+
+    def voice_prefixes(self) -> tuple[int, int]:
+        """(bytes kept, prefixes made) of the flow's voice prefix cache; (0, 0) without one."""
+        decoder = getattr(self.flow, "voice_decoder", None)
+        if decoder is None:
+            return 0, 0
+        return decoder.store.nbytes, decoder.store.made
 
     def _generator(self) -> torch.Generator | None:
         if self.seed is None:
@@ -276,7 +293,7 @@ class Token2Wav:
         if target.dim() != 2 or target.shape[0] != 1:
             raise ValueError(f"target_tokens must be [1, n], got {tuple(target.shape)}")
         streaming = call.stream_id is not None and not call.finalize
-        return flow_request(
+        request = flow_request(
             target,
             call.prompt_tokens,
             call.prompt_feat,
@@ -286,6 +303,10 @@ class Token2Wav:
             self.device,
             self.flow_dtype,
         )
+        if self.voice_keys:
+            key = voice_key(call.prompt_tokens, call.prompt_feat, call.embedding)
+            request["voice"] = (key, call.prompt_tokens.shape[1])
+        return request
 
     def run_many(
         self, calls: Sequence[Token2WavCall], timer: StageTimer | None = None

@@ -1,5 +1,6 @@
 """Where the flow of a token2wav Triton model runs: the `device`, `dtype`, `cuda_graphs`, `flow_compile`,
-`stream_calls` and `cuda_graph_batch_sizes` parameters (how its calls run: tritontts.triton.token2wav_calls)."""
+`stream_calls`, `cuda_graph_batch_sizes` and `voice_prefix_gib` parameters (how its calls run:
+tritontts.triton.token2wav_calls)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from tritontts.cuda_graphs import FlowGraphConfig, flow_graph_config
 from tritontts.devices import resolve_flow_dtype
 from tritontts.triton.instance_device import instance_device
-from tritontts.triton.params import model_param
+from tritontts.triton.params import ParameterError, model_param
 
 
 def flow_placement(
@@ -32,3 +33,11 @@ def flow_placement(
     stream_calls = model_param(config, "stream_calls", default="true")
     switch = model_param(config, "cuda_graphs", default="auto")
     return device, dtype, flow_graph_config(switch, sizes, device, compile, stream_calls)
+
+
+def voice_prefix_bytes(config: dict[str, Any]) -> int:
+    """The `voice_prefix_gib` parameter (0: off) in bytes: how much of its voices' flow prefixes a token2wav keeps."""
+    gib = model_param(config, "voice_prefix_gib", float, 0.0)
+    if not gib >= 0:
+        raise ParameterError(f"parameter 'voice_prefix_gib' must be 0 (off) or more GiB, got {gib}")
+    return int(gib * 2**30)

@@ -198,3 +198,37 @@ class OpenStreamsGauge(SampledGauges):
 
     def read(self) -> dict[str, float]:
         return {"open": len(self.open_streams())}
+
+
+class VoicePrefixGauges(SampledGauges):
+    """`tritontts_token2wav_voice_prefix_bytes{model, instance}`: the bytes of voice flow prefixes a token2wav
+    instance keeps (within its `voice_prefix_gib`), and `tritontts_token2wav_voice_prefixes_made{model,
+    instance}`: how many it has made since it loaded (tritontts.cosyvoice2.flow.voice_prefixes); sampled every
+    `interval_s`. Made growing much faster than the voices in use means the budget is too small for them."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        args: dict[str, Any],
+        read: Callable[[], tuple[int, int]],
+        interval_s: float = 1.0,
+    ) -> None:
+        gauge = pb_utils.MetricFamily.GAUGE
+        kept = pb_utils.MetricFamily(
+            name="tritontts_token2wav_voice_prefix_bytes",
+            description="bytes of voice flow prefixes a token2wav instance keeps",
+            kind=gauge,
+        )
+        made = pb_utils.MetricFamily(
+            name="tritontts_token2wav_voice_prefixes_made",
+            description="voice flow prefixes a token2wav instance has made since it loaded",
+            kind=gauge,
+        )
+        labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
+        metrics = {"bytes": kept.Metric(labels=labels), "made": made.Metric(labels=labels)}
+        self._read = read
+        super().__init__([kept, made], metrics, "voice-prefix-gauges", interval_s)
+
+    def read(self) -> dict[str, float]:
+        kept, made = self._read()
+        return {"bytes": kept, "made": made}

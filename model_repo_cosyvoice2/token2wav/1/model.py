@@ -14,10 +14,15 @@ from tritontts.cosyvoice2.token2wav import Token2Wav, Token2WavCall
 from tritontts.cosyvoice2.warmup import warm_up_streams
 from tritontts.cosyvoice2.wire import TOKEN2WAV_INPUTS, Token2WavInputs, parse_token2wav_inputs
 from tritontts.stream_states import DEFAULT_IDLE_TIMEOUT_S
-from tritontts.triton.batched_flow import flow_placement
+from tritontts.triton.batched_flow import flow_placement, voice_prefix_bytes
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import first_chunk_holder
-from tritontts.triton.metrics import OpenStreamsGauge, release_metrics, token2wav_stage_seconds
+from tritontts.triton.metrics import (
+    OpenStreamsGauge,
+    VoicePrefixGauges,
+    release_metrics,
+    token2wav_stage_seconds,
+)
 from tritontts.triton.params import model_param, optional_input, single_instance_stream, stream_instances
 from tritontts.triton.stubs import end_stub_process
 from tritontts.triton.token2wav_calls import Token2WavCalls, first_chunks_first, group_max
@@ -35,6 +40,7 @@ class TritonPythonModel:
             dtype=dtype,
             flow_graphs=graphs,
             stream_idle_timeout_s=model_param(config, "stream_idle_timeout_s", float, DEFAULT_IDLE_TIMEOUT_S),
+            voice_prefix_bytes=voice_prefix_bytes(config),
         )
         self.calls = Token2WavCalls(
             pb_utils,
@@ -51,6 +57,9 @@ class TritonPythonModel:
             device,
         )
         self.open_streams = OpenStreamsGauge(pb_utils, args, lambda: self.model.open_streams)
+        self.prefix_gauges = (
+            VoicePrefixGauges(pb_utils, args, self.model.voice_prefixes) if self.model.voice_keys else None
+        )
         self.instances = stream_instances(config)
         speakers = load_spk2info(f"{model_dir}/spk2info.pt")
         self.default = speakers.get(DEFAULT_SPEAKER) or next(iter(speakers.values()))
@@ -79,5 +88,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.calls.close()
-        release_metrics(self.calls.stages, self.open_streams)
+        release_metrics(self.calls.stages, self.open_streams, *([self.prefix_gauges] if self.prefix_gauges else []))
         end_stub_process()

@@ -24,6 +24,8 @@ from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
 from tritontts.qkv import fuse_qkv
 
 FLOW_FILE = "flow.pt"
+VoiceDecoder = Callable[[Sequence[Any], Sequence[tuple[str, int]]], list[Tensor]]
+"""(conditions, each call's voice key and prompt tokens) → what `Flow.decode(conditions)` gives"""
 ENCODER_MEMORY_LIMIT_MIB = 512
 
 
@@ -38,6 +40,7 @@ class Flow(nn.Module):
         self.build_encoder(config)
         self.decoder = CausalCFM(config.cfm, self.build_estimator(config), config.output_size)
         self.graphed_decoder: GraphedCFM | None = None
+        self.voice_decoder: VoiceDecoder | None = None
         self.encoder_graphs: BucketedEncoder | None = None
 
     def build_encoder(self, config: FlowConfig) -> None:
@@ -106,15 +109,23 @@ class Flow(nn.Module):
     @torch.inference_mode()
     def inference_many(self, requests: Sequence[dict[str, Any]]) -> list[Tensor | ValueError]:
         """`inference(**request)` for each request, the decoder batched across them where a graph allows;
-        a request whose inputs are refused gets its ValueError in its place."""
+        a request whose inputs are refused gets its ValueError in its place. With a `voice_decoder` and a
+        `voice` (key, prompt tokens) in every request, it decodes them (after each voice's prefix)."""
         conditions: list[FlowConditions | ValueError] = []
+        voices = []
         for request in requests:
             request = {k: v for k, v in request.items() if k != "prompt_feat_len"}
+            voice = request.pop("voice", None)
             try:
                 conditions.append(self.conditions(**request))
+                voices.append(voice)
             except ValueError as err:
                 conditions.append(err)
-        mels = iter(self.decode([c for c in conditions if isinstance(c, FlowConditions)]))
+        valid = [c for c in conditions if isinstance(c, FlowConditions)]
+        if self.voice_decoder is not None and None not in voices:
+            mels = iter(self.voice_decoder(valid, voices))
+        else:
+            mels = iter(self.decode(valid))
         return [c if isinstance(c, ValueError) else next(mels) for c in conditions]
 
     def conditions(

@@ -47,6 +47,7 @@ class GraphedPrefixCFM:
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
         self._static: list[LayerPrefix] | None = None
         self._loaded: tuple[str, int] | None = None
+        self.captured = False
         self.calls = {"graph": 0, "padded": 0, "copied": 0}
 
     @property
@@ -55,6 +56,14 @@ class GraphedPrefixCFM:
 
     def batch_for(self, rows: int) -> int | None:
         return next((b for b in sorted(self.config.batch_sizes) if b >= rows), None)
+
+    def routes(self, rows: int, prefix: int, frames: int) -> bool:
+        """Whether a call of `rows` rows and `frames` frames after a prefix of `prefix` frames runs here: it fits
+        a batch size and a bucket and, once graphs are captured, one of them (uncaptured: padded, eagerly)."""
+        batch, bucket = self.batch_for(rows), self.config.bucket(frames)
+        if batch is None or bucket is None or prefix not in self.prefix_frames:
+            return False
+        return not self.captured or (batch, prefix, bucket) in self._graphs
 
     @torch.inference_mode()
     def capture(self) -> CaptureReport:

@@ -5,6 +5,7 @@ batch, padded to the longest."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -13,6 +14,41 @@ from tritontts.cosyvoice2.flow.flow import Flow, FlowConditions
 from tritontts.cosyvoice2.flow.prefix import LayerPrefix
 from tritontts.cosyvoice2.flow.prefix_graphs import GraphedPrefixCFM
 from tritontts.cosyvoice2.flow.voice_prefixes import VoicePrefixes, stable_prompt_frames
+from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
+
+PREFIX_FRAMES = (100, 200, 300, 400, 600)
+"""The prefix lengths (mel frames) a graphed flow captures: a prompt's stable frames round down to one."""
+AFTER_PREFIX_BUCKETS = (128, 192, 256, 384, 512)
+"""Padded frame counts after the prefix a graphed flow captures; longer calls decode whole."""
+
+
+@dataclass
+class VoicePrefixDecoder:
+    """`Flow.voice_decoder`: streamed calls decoded after their voice's prefix (`decode_after_voices`)."""
+
+    flow: Flow
+    store: VoicePrefixes
+    graphed: GraphedPrefixCFM | None = None
+
+    def __call__(
+        self, conditions: Sequence[FlowConditions], voices: Sequence[tuple[str, int]]
+    ) -> list[Tensor]:
+        return decode_after_voices(self.flow, conditions, voices, self.store, self.graphed)
+
+
+def use_voice_prefixes(flow: Flow, budget_bytes: int, graphs: FlowGraphConfig | None) -> CaptureReport | None:
+    """Decode the flow's streamed calls after their voices' prefixes from now on, keeping at most `budget_bytes`
+    of them; with `graphs` (CUDA), from graphs of `PREFIX_FRAMES` x `AFTER_PREFIX_BUCKETS` x its batch sizes,
+    captured now (returns their report)."""
+    graphed, report = None, None
+    if graphs is not None:
+        config = FlowGraphConfig(
+            AFTER_PREFIX_BUCKETS, graphs.batch_sizes, (True,), graphs.memory_limit_mib, compile=False
+        )
+        graphed = GraphedPrefixCFM(flow.decoder, flow.config.cfm.n_timesteps, config, PREFIX_FRAMES)
+        report = graphed.capture()
+    flow.voice_decoder = VoicePrefixDecoder(flow, VoicePrefixes(budget_bytes), graphed)
+    return report
 
 
 def prefix_frames(flow: Flow, prompt_tokens: int, lengths: Sequence[int] | None = None) -> int:
@@ -36,7 +72,7 @@ def decode_after_voices(
     """What `flow.decode(conditions)` gives (the target's mel, float32 [1, 80, T - prompt_frames] each) for
     streamed calls; `voices[i]`: call i's voice key and prompt tokens. Calls whose prompt has no stable whole
     chunk (with `graphed`: none of its prefix lengths) go through `flow.decode`; with `graphed`, a voice's calls
-    run in batches of at most its largest batch size."""
+    run in batches of at most its largest batch size, and a batch it has no graph for goes through `flow.decode`."""
     lengths = graphed.prefix_frames if graphed is not None else None
     mels: list[Tensor | None] = [None] * len(conditions)
     groups: dict[tuple[str, int], list[int]] = {}
@@ -47,18 +83,25 @@ def decode_after_voices(
             plain.append(i)
         else:
             groups.setdefault((key, start), []).append(i)
-    for i, mel in zip(plain, flow.decode([conditions[i] for i in plain])):
-        mels[i] = mel
     steps = flow.config.cfm.n_timesteps
+    batches = []
     for (key, start), members in groups.items():
-        first = conditions[members[0]]
-        prefix = store.get(key, lambda first=first, start=start: _make_prefix(flow, first, start, steps))
         widest = max(graphed.config.batch_sizes) if graphed is not None else len(members)
         for first_row in range(0, len(members), widest):
             batch = members[first_row : first_row + widest]
-            rows = [conditions[i] for i in batch]
-            for i, mel in zip(batch, _decode_group(flow, rows, prefix, start, steps, key, graphed)):
-                mels[i] = mel
+            after = max(conditions[i].mu.size(2) for i in batch) - start
+            if graphed is not None and not graphed.routes(len(batch), start, after):
+                plain.extend(batch)
+            else:
+                batches.append((key, start, batch))
+    for i, mel in zip(plain, flow.decode([conditions[i] for i in plain])):
+        mels[i] = mel
+    for key, start, batch in batches:
+        first = conditions[batch[0]]
+        prefix = store.get(key, lambda first=first, start=start: _make_prefix(flow, first, start, steps))
+        rows = [conditions[i] for i in batch]
+        for i, mel in zip(batch, _decode_group(flow, rows, prefix, start, steps, key, graphed)):
+            mels[i] = mel
     return mels
 
 

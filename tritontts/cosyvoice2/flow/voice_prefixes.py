@@ -31,16 +31,15 @@ def stable_prompt_frames(prompt_tokens: int, lookahead: int, chunk_tokens: int, 
 
 
 class VoicePrefixes:
-    """`get(key, make)`: the voice's prefixes, made by `make()` the first time; at most `budget_bytes` kept."""
+    """`get(key, make)`: the voice's prefixes, made by `make()` the first time; at most `budget_bytes` kept.
+    `nbytes` and `made` are plain counters another thread may read."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self._kept: OrderedDict[str, list[LayerPrefix]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.nbytes = 0
         self.made = 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_size(p) for p in self._kept.values())
 
     def get(self, key: str, make: Callable[[], list[LayerPrefix]]) -> list[LayerPrefix]:
         if key in self._kept:
@@ -48,16 +47,15 @@ class VoicePrefixes:
             return self._kept[key]
         prefixes = make()
         self.made += 1
-        size = _size(prefixes)
+        size = sum(p.nbytes() for p in prefixes)
         if size <= self.budget_bytes:
             while self._kept and self.nbytes + size > self.budget_bytes:
-                self._kept.popitem(last=False)
+                dropped, _ = self._kept.popitem(last=False)
+                self.nbytes -= self._sizes.pop(dropped)
             self._kept[key] = prefixes
+            self._sizes[key] = size
+            self.nbytes += size
         return prefixes
 
     def __contains__(self, key: str) -> bool:
         return key in self._kept
-
-
-def _size(prefixes: list[LayerPrefix]) -> int:
-    return sum(p.nbytes() for p in prefixes)
