@@ -120,6 +120,21 @@ def test_voice_prefixes_keep_the_recent_voices_within_the_budget() -> None:
     assert big[0].keys[0].numel() == 300 and "d" not in store and store.made == 4
 
 
+def test_a_voice_key_tells_voices_apart_in_any_dtype() -> None:
+    from tritontts.cosyvoice2.flow.voice_prefixes import voice_key
+
+    tokens = torch.arange(60, dtype=torch.int32).view(1, -1)
+    feat = torch.randn(1, 120, 80, generator=torch.Generator().manual_seed(0))
+    embedding = torch.ones(1, 192)
+    key = voice_key(tokens, feat, embedding)
+    assert voice_key(tokens.clone(), feat.clone(), embedding.clone()) == key
+    assert voice_key(tokens, feat.to(torch.bfloat16), embedding) != key
+    changed = feat.clone()
+    changed[0, 119, 79] += 1
+    assert voice_key(tokens, changed, embedding) != key
+    assert voice_key(tokens[:, :59], feat, embedding) != key
+
+
 @torch.inference_mode()
 def test_rows_of_different_lengths_after_one_prefix_match_each_row_alone(flow: Flow) -> None:
     """Two calls of one voice, 28 and 53 target tokens, in one batch padded to the longer after a shared prefix."""

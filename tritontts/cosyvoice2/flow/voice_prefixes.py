@@ -10,6 +10,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from tritontts.cosyvoice2.flow.prefix import LayerPrefix
@@ -20,7 +21,8 @@ def voice_key(prompt_tokens: Tensor, prompt_feat: Tensor, embedding: Tensor) -> 
     digest = hashlib.sha256()
     for tensor in (prompt_tokens, prompt_feat, embedding):
         digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
