@@ -1,114 +1,107 @@
-"""Flow decoder of a first streamed chunk: the whole call (prompt + chunk) against the frames after a prompt
-prefix of whole chunks (flow-prefix-cache branch), fp16 on one GPU, eager and CUDA-graphed, batch 1."""
+"""The CosyVoice2 flow decoder of a first streamed chunk (28 tokens, finalize false) after a prompt of 75 or 250
+tokens, full-size synthetic weights, fp16 on one GPU: the whole call against the frames after the prompt's stable
+whole chunks (their prefix made beforehand), eager and CUDA-graphed by this script, 1, 8 and 16 rows of the same
+call; medians. Usage: python3 scripts/bench_flow_prefix.py OUT.json"""
+
+from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, "scripts")
-from bench_flow_graphs import write_token2wav  # noqa: E402
+from tritontts.cosyvoice2.flow import Flow, load_flow
+from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
 
-from tritontts.cosyvoice2.flow import load_flow  # noqa: E402
-
-out = {}
-tmp = Path(tempfile.mkdtemp())
-DEV = os.environ.get("DEVICE", "cuda")
-write_token2wav(tmp, os.environ.get("PRESET", "full"))
-flow = load_flow(tmp, device=DEV, dtype=torch.float16 if DEV == "cuda" else torch.float32)
-steps = flow.config.cfm.n_timesteps
-gen = torch.Generator().manual_seed(0)
+PROMPTS = (75, 250)
+CHUNK_TOKENS = 28
 
 
-def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, reps=20):
+def median_ms(run: Callable[[], object], reps: int) -> float:
     for _ in range(3):
-        fn()
-    sync()
-    ts = []
+        run()
+    torch.cuda.synchronize()
+    times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append((time.perf_counter() - t0) * 1000)
-    ts.sort()
-    return round(ts[len(ts) // 2], 2)
+        start = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1000)
+    return round(sorted(times)[len(times) // 2], 2)
 
 
-def graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+def graphed(run: Callable[[], object]) -> Callable[[], None]:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
         for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
 
 
-with torch.inference_mode():
-    for prompt_tokens in (75, 250):
-        c = flow.conditions(
-            torch.randint(0, 6561, (1, 28), generator=gen, dtype=torch.int32),
-            torch.tensor([28], dtype=torch.int32),
-            torch.randint(0, 6561, (1, prompt_tokens), generator=gen, dtype=torch.int32),
-            torch.tensor([prompt_tokens], dtype=torch.int32),
-            torch.randn(1, 2 * prompt_tokens, 80, generator=gen),
-            torch.randn(1, 192, generator=gen),
-            streaming=True,
-            finalize=False,
-        )
-        frames = c.mu.size(2)
-        start = 50 * ((prompt_tokens - 3) // 25)
-        mask = torch.ones_like(c.mu[:, :1])
-        full = lambda: flow.decoder(c.mu, mask, c.spks, c.cond, steps, streaming=True)
-        _, prefixes = flow.decoder.solve_after(
-            None, c.mu[:, :, :start], c.spks, c.cond[:, :, :start], steps, keep=start
-        )
-        after = lambda: flow.decoder.solve_after(
-            prefixes, c.mu[:, :, start:], c.spks, c.cond[:, :, start:], steps
-        )[0]
-        diff = (after() - full()[:, :, start:]).abs().max().item()
-        row = {
-            "prompt_tokens": prompt_tokens,
-            "frames": frames,
-            "prefix_frames": start,
-            "prefix_bytes": sum(p.nbytes() for p in prefixes),
-            "max_abs_diff_fp16": diff,
-            "full_eager_ms": timed(full),
-            "after_prefix_eager_ms": timed(after),
-        }
-        if DEV == "cuda":
-            row["full_graphed_ms"] = timed(graphed(full))
-            row["after_prefix_graphed_ms"] = timed(graphed(after))
-        for batch in (8, 16):
-            mu, spks, cond = (t.expand(batch, *t.shape[1:]).contiguous() for t in (c.mu, c.spks, c.cond))
-            maskb = torch.ones_like(mu[:, :1])
-            fullb = lambda: flow.decoder(mu, maskb, spks, cond, steps, streaming=True)
-            _, pb = flow.decoder.solve_after(
-                None, mu[:, :, :start], spks, cond[:, :, :start], steps, keep=start
-            )
-            afterb = lambda: flow.decoder.solve_after(pb, mu[:, :, start:], spks, cond[:, :, start:], steps)[
-                0
-            ]
-            row[f"b{batch}_full_eager_ms"] = timed(fullb, 10)
-            row[f"b{batch}_after_prefix_eager_ms"] = timed(afterb, 10)
-            row[f"b{batch}_prefix_bytes"] = sum(p.nbytes() for p in pb)
-            if DEV == "cuda":
-                row[f"b{batch}_full_graphed_ms"] = timed(graphed(fullb), 10)
-                row[f"b{batch}_after_prefix_graphed_ms"] = timed(graphed(afterb), 10)
-            del pb
-        print(row, flush=True)
-        out[str(prompt_tokens)] = row
-        del prefixes
-json.dump(out, open(sys.argv[1], "w"), indent=1)
+def measure(flow: Flow, prompt_tokens: int, rows: int, gen: torch.Generator) -> dict[str, float]:
+    steps = flow.config.cfm.n_timesteps
+    c = flow.conditions(
+        torch.randint(0, 6561, (1, CHUNK_TOKENS), generator=gen, dtype=torch.int32),
+        torch.tensor([CHUNK_TOKENS], dtype=torch.int32),
+        torch.randint(0, 6561, (1, prompt_tokens), generator=gen, dtype=torch.int32),
+        torch.tensor([prompt_tokens], dtype=torch.int32),
+        torch.randn(1, 2 * prompt_tokens, 80, generator=gen),
+        torch.randn(1, 192, generator=gen),
+        streaming=True,
+        finalize=False,
+    )
+    mu, spks, cond = (t.expand(rows, *t.shape[1:]).contiguous() for t in (c.mu, c.spks, c.cond))
+    mask = torch.ones_like(mu[:, :1])
+    start = 50 * ((prompt_tokens - 3) // 25)
+    _, prefixes = flow.decoder.solve_after(
+        None, mu[:, :, :start], spks, cond[:, :, :start], steps, keep=start
+    )
+
+    def whole() -> torch.Tensor:
+        return flow.decoder(mu, mask, spks, cond, steps, streaming=True)
+
+    def after() -> torch.Tensor:
+        return flow.decoder.solve_after(prefixes, mu[:, :, start:], spks, cond[:, :, start:], steps)[0]
+
+    reps = 20 if rows == 1 else 10
+    return {
+        "prompt_tokens": prompt_tokens,
+        "rows": rows,
+        "frames": mu.size(2),
+        "prefix_frames": start,
+        "prefix_bytes": sum(p.nbytes() for p in prefixes),
+        "max_abs_diff_fp16": (after() - whole()[:, :, start:]).abs().max().item(),
+        "whole_eager_ms": median_ms(whole, reps),
+        "after_prefix_eager_ms": median_ms(after, reps),
+        "whole_graphed_ms": median_ms(graphed(whole), reps),
+        "after_prefix_graphed_ms": median_ms(graphed(after), reps),
+    }
+
+
+def main(out: Path) -> None:
+    folder = Path(tempfile.mkdtemp())
+    write_cosyvoice2_yaml(folder, "full")
+    write_flow(folder, "full", seed=0)
+    flow = load_flow(folder, device="cuda", dtype=torch.float16)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.inference_mode():
+        for prompt_tokens in PROMPTS:
+            for batch in (1, 8, 16):
+                rows.append(measure(flow, prompt_tokens, batch, gen))
+                print(rows[-1], flush=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -88,5 +88,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.calls.close()
-        release_metrics(self.calls.stages, self.open_streams, *([self.prefix_gauges] if self.prefix_gauges else []))
+        release_metrics(
+            self.calls.stages, self.open_streams, *([self.prefix_gauges] if self.prefix_gauges else [])
+        )
         end_stub_process()
