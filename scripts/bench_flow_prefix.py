@@ -8,30 +8,17 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from tritontts.bench.offline_timing import median_ms
 from tritontts.cosyvoice2.flow import Flow, load_flow
 from tritontts.synthetic.cosyvoice2_flow import write_cosyvoice2_yaml, write_flow
 
 PROMPTS = (75, 250)
 CHUNK_TOKENS = 28
-
-
-def median_ms(run: Callable[[], object], reps: int) -> float:
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1000)
-    return round(sorted(times)[len(times) // 2], 2)
 
 
 def graphed(run: Callable[[], object]) -> Callable[[], None]:

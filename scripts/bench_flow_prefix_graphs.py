@@ -9,12 +9,12 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from tritontts.bench.offline_timing import median_ms
 from tritontts.cosyvoice2.flow import Flow, load_flow
 from tritontts.cosyvoice2.flow.prefix_graphs import GraphedPrefixCFM
 from tritontts.cosyvoice2.flow.voice_decode import decode_after_voices
@@ -26,19 +26,6 @@ PROMPTS = (75, 250)
 ROWS = (1, 8, 16)
 CHUNK_TOKENS = 28
 PREFIX_FRAMES = (100, 200, 300, 400)
-
-
-def median_ms(run: Callable[[], object], reps: int = 10) -> float:
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1000)
-    return round(sorted(times)[len(times) // 2], 2)
 
 
 def first_chunks(flow: Flow, prompt_tokens: int, rows: int) -> list:
@@ -98,11 +85,12 @@ def main(out: Path) -> None:
                     "max_abs_diff": max((a - w).abs().max().item() for a, w in zip(after, whole_mels)),
                     "first_call_with_prefix_made_ms": round(made_ms, 1),
                     "prefix_bytes": store.nbytes,
-                    "whole_graphed_ms": median_ms(lambda calls=calls: flow.decode(calls)),
+                    "whole_graphed_ms": round(median_ms(lambda calls=calls: flow.decode(calls), 10), 2),
                     "after_prefix_graphed_ms": median_ms(
                         lambda calls=calls, voices=voices, store=store: decode_after_voices(
                             flow, calls, voices, store, graphed
-                        )
+                        ),
+                        10,
                     ),
                     "prefix_calls": dict(graphed.calls),
                 }
