@@ -114,6 +114,10 @@ def token2wav_stage_seconds(pb_utils: Any, args: dict[str, Any]) -> StageSeconds
     )
 
 
+def gauge_family(pb_utils: Any, name: str, description: str) -> Any:
+    return pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.GAUGE)
+
+
 class SampledGauges:
     """Gauges set every `interval_s` on a daemon thread by `read()`: {metric: value}; `close` stops it."""
 
@@ -147,16 +151,15 @@ class EngineGauges(SampledGauges):
     steps since it loaded, for token2wav's first chunks (tritontts.triton.first_chunk_priority)."""
 
     def __init__(self, pb_utils: Any, model_name: str, engine: Any, interval_s: float = 0.5) -> None:
-        gauge = pb_utils.MetricFamily.GAUGE
-        requests = pb_utils.MetricFamily(
-            name="tritontts_llm_requests",
-            description="requests of the LLM engine: running (holding a slot) or waiting for one",
-            kind=gauge,
+        requests = gauge_family(
+            pb_utils,
+            "tritontts_llm_requests",
+            "requests of the LLM engine: running (holding a slot) or waiting for one",
         )
-        held = pb_utils.MetricFamily(
-            name="tritontts_llm_held_seconds",
-            description="seconds the LLM engine held its steps for token2wav first chunks since it loaded",
-            kind=gauge,
+        held = gauge_family(
+            pb_utils,
+            "tritontts_llm_held_seconds",
+            "seconds the LLM engine held its steps for token2wav first chunks since it loaded",
         )
         metrics = {
             s: requests.Metric(labels={"model": model_name, "state": s}) for s in ("running", "waiting")
@@ -187,10 +190,10 @@ class OpenStreamsGauge(SampledGauges):
         open_streams: Callable[[], list[str]],
         interval_s: float = 1.0,
     ) -> None:
-        family = pb_utils.MetricFamily(
-            name="tritontts_token2wav_open_streams",
-            description="streams whose state a token2wav instance keeps until their finalize call",
-            kind=pb_utils.MetricFamily.GAUGE,
+        family = gauge_family(
+            pb_utils,
+            "tritontts_token2wav_open_streams",
+            "streams whose state a token2wav instance keeps until their finalize call",
         )
         labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
         self.open_streams = open_streams
@@ -213,16 +216,15 @@ class VoicePrefixGauges(SampledGauges):
         read: Callable[[], tuple[int, int]],
         interval_s: float = 1.0,
     ) -> None:
-        gauge = pb_utils.MetricFamily.GAUGE
-        kept = pb_utils.MetricFamily(
-            name="tritontts_token2wav_voice_prefix_bytes",
-            description="bytes of voice flow prefixes a token2wav instance keeps",
-            kind=gauge,
+        kept = gauge_family(
+            pb_utils,
+            "tritontts_token2wav_voice_prefix_bytes",
+            "bytes of voice flow prefixes a token2wav instance keeps",
         )
-        made = pb_utils.MetricFamily(
-            name="tritontts_token2wav_voice_prefixes_made",
-            description="voice flow prefixes a token2wav instance has made since it loaded",
-            kind=gauge,
+        made = gauge_family(
+            pb_utils,
+            "tritontts_token2wav_voice_prefixes_made",
+            "voice flow prefixes a token2wav instance has made since it loaded",
         )
         labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
         metrics = {"bytes": kept.Metric(labels=labels), "made": made.Metric(labels=labels)}
