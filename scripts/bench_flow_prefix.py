@@ -1,12 +1,12 @@
 """The CosyVoice2 flow decoder of a first streamed chunk (28 tokens, finalize false) after a prompt of 75 or 250
 tokens, full-size synthetic weights, fp16 on one GPU: the whole call against the frames after the prompt's stable
 whole chunks (their prefix made beforehand), eager and CUDA-graphed by this script, 1, 8 and 16 rows of the same
-call; medians. Usage: python3 scripts/bench_flow_prefix.py OUT.json"""
+call; medians."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -91,4 +91,6 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("output", type=Path, help="the JSON to write")
+    main(parser.parse_args().output)

@@ -1,12 +1,12 @@
 """First streamed chunks of one voice through the CosyVoice2 flow decoder, full-size synthetic weights, fp16 on
 one GPU: `flow.decode` from its CUDA graphs (batch sizes 1, 2, 4, 8) against `decode_after_voices` through
 `GraphedPrefixCFM` (the voice's prefix made beforehand), both uncompiled; medians, the largest difference, the
-graphs' capture. Usage: python3 scripts/bench_flow_prefix_graphs.py OUT.json"""
+graphs' capture."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -100,4 +100,6 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("output", type=Path, help="the JSON to write")
+    main(parser.parse_args().output)

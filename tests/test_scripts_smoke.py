@@ -69,7 +69,12 @@ RUN_BY = {
     "triton_server.py": "tests/test_triton_infra.py::test_cli_start_status_stop",
 }
 KERNEL_BENCH = "Triton kernels in CUDA graphs timed by CUDA events; {} runs them in Triton's CPU interpreter"
+FLOW_PREFIX_BENCH = (
+    "the full-size flow decoder timed on a GPU, CUDA-graphed; {} checks the same paths on the CPU"
+)
 NEEDS_GPU = {
+    "bench_flow_prefix.py": FLOW_PREFIX_BENCH.format("tests/test_cosyvoice2_flow_prefix.py"),
+    "bench_flow_prefix_graphs.py": FLOW_PREFIX_BENCH.format("tests/test_cosyvoice2_flow_prefix.py"),
     "bench_norm_linear.py": KERNEL_BENCH.format("tests/test_norm_linear.py"),
     "bench_skinny_linear.py": KERNEL_BENCH.format("tests/test_skinny_linear.py"),
     "bench_topk.py": KERNEL_BENCH.format("tests/test_top_k.py"),
