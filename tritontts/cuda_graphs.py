@@ -116,6 +116,10 @@ class FlowGraphConfig:
     def bucket(self, frames: int) -> int | None:
         return bucket_for(self.buckets, frames)
 
+    def batch_for(self, rows: int) -> int | None:
+        """The smallest captured batch size that holds `rows` rows, or None past the largest."""
+        return bucket_for(sorted(self.batch_sizes), rows)
+
 
 def graphs_wanted(switch: str, device: torch.device) -> bool:
     """A deployment's `cuda_graphs` parameter: auto (on for CUDA), true (CUDA required) or false."""

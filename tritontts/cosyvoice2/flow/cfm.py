@@ -114,34 +114,16 @@ class CausalCFM(nn.Module):
             raise ValueError(f"need one prefix per step ({n_timesteps}), got {len(prefixes)}")
         offset = 0 if prefixes is None else prefixes[0].frames
         mask = torch.ones_like(mu[:, :1]) if mask is None else mask.to(mu.dtype)
-        mu_in, mask_in, spks_in, cond_in = self.guided_inputs(mu, mask, spks, cond)
-        dtype = spks_in.dtype
+        runs: list[PrefixRun] = []
+
+        def estimate(*inputs: Tensor | bool) -> Tensor:
+            run = PrefixRun(None if prefixes is None else prefixes[len(runs)], keep)
+            runs.append(run)
+            return self.estimator(*inputs, run=run)
+
         x = self.start(mu.size(0), mu.size(2), mu.dtype, offset=offset)
-        t_span = time_schedule(n_timesteps, self.config.t_scheduler, mu_in.device, mu_in.dtype)
-        rate = self.config.inference_cfg_rate
-        t, dt = t_span[:1], t_span[1] - t_span[0]
-        recorded = []
-        for step in range(1, len(t_span)):
-            run = PrefixRun(None if prefixes is None else prefixes[step - 1], keep)
-            x_in = torch.cat([x, x]).to(dtype)
-            velocity = self.estimator(
-                x_in,
-                mask_in,
-                mu_in,
-                t.expand(x_in.size(0)).to(dtype),
-                spks_in,
-                cond_in,
-                streaming=True,
-                run=run,
-            )
-            conditioned, unconditioned = velocity.chunk(2)
-            x = x + dt * ((1.0 + rate) * conditioned - rate * unconditioned)
-            t = t + dt
-            if step < len(t_span) - 1:
-                dt = t_span[step + 1] - t
-            if keep is not None:
-                recorded.append(run.recorded())
-        return x.float(), recorded if keep is not None else None
+        mel = self.solve(x, *self.guided_inputs(mu, mask, spks, cond), n_timesteps, True, estimate)
+        return mel, [run.recorded() for run in runs] if keep is not None else None
 
     def forward(
         self,

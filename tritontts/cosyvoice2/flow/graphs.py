@@ -141,7 +141,7 @@ class GraphedCFM:
             picked = order[start : start + widest]
             longest = max(rows[i][0].size(2) for i in picked)
             frames = self.config.bucket(longest) or longest  # padded once, here
-            batch = next((b for b in sorted(self.config.batch_sizes) if b >= len(picked)), len(picked))
+            batch = self.config.batch_for(len(picked)) or len(picked)
             first = rows[picked[0]][0]
             mu = first.new_zeros(batch, first.size(1), frames)
             cond = torch.zeros_like(mu)

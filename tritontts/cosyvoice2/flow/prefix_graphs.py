@@ -50,17 +50,10 @@ class GraphedPrefixCFM:
         self.captured = False
         self.calls = {"graph": 0, "padded": 0, "copied": 0}
 
-    @property
-    def keys(self) -> list[tuple[int, int, int]]:
-        return sorted(self._graphs)
-
-    def batch_for(self, rows: int) -> int | None:
-        return next((b for b in sorted(self.config.batch_sizes) if b >= rows), None)
-
     def routes(self, rows: int, prefix: int, frames: int) -> bool:
         """Whether a call of `rows` rows and `frames` frames after a prefix of `prefix` frames runs here: it fits
         a batch size and a bucket and, once graphs are captured, one of them (uncaptured: padded, eagerly)."""
-        batch, bucket = self.batch_for(rows), self.config.bucket(frames)
+        batch, bucket = self.config.batch_for(rows), self.config.bucket(frames)
         if batch is None or bucket is None or prefix not in self.prefix_frames:
             return False
         return not self.captured or (batch, prefix, bucket) in self._graphs
@@ -107,7 +100,7 @@ class GraphedPrefixCFM:
         """mu, cond [B, 80, T] after the prefix, spks [B, 80], mask [B, 1, T] → mel [B, 80, T] fp32."""
         rows, _, frames = mu.shape
         prefix = prefixes[0].frames
-        batch, bucket = self.batch_for(rows), self.config.bucket(frames)
+        batch, bucket = self.config.batch_for(rows), self.config.bucket(frames)
         if batch is None or bucket is None:
             return self.cfm.solve_after(prefixes, mu, spks, cond, self.n_timesteps, mask=mask)[0]
         mu, spks, cond, mask = _padded(mu, spks, cond, mask, batch, bucket)
@@ -148,7 +141,7 @@ class GraphedPrefixCFM:
     def _load(self, voice: str, prefixes: Sequence[LayerPrefix]) -> None:
         """Copies the voice's prefixes into the static buffers unless they hold them already."""
         frames = prefixes[0].frames
-        if self._loaded == (voice, frames) or self._static is None:
+        if self._loaded == (voice, frames):
             return
         for static, prefix in zip(_views(self._static, frames), prefixes):
             for into, source in zip(
