@@ -285,6 +285,20 @@ def test_a_group_that_fails_answers_its_requests_with_the_error_and_the_rest_sti
     assert answers["later-b"] == "audio"
 
 
+def _audio_calls(mode: str, **options) -> Token2WavCalls:
+    """Token2WavCalls whose every call is answered "audio" (requests parsed to their names)."""
+    return Token2WavCalls(
+        _PbUtils,
+        lambda r: r.name,
+        lambda calls, timer: ["audio"] * len(calls),
+        _Stages(),
+        lambda c: c.startswith("first"),
+        lambda a: a,
+        mode=mode,
+        **options,
+    )
+
+
 @pytest.mark.parametrize("mode", ["true", "queue"])
 def test_close_gives_up_the_holders_slot(mode):
     class Holder:
@@ -301,16 +315,7 @@ def test_close_gives_up_the_holders_slot(mode):
             self.events.append("close")
 
     holder = Holder()
-    calls = Token2WavCalls(
-        _PbUtils,
-        lambda r: r.name,
-        lambda calls, timer: ["audio"] * len(calls),
-        _Stages(),
-        lambda c: c.startswith("first"),
-        lambda a: a,
-        holder,
-        mode,
-    )
+    calls = _audio_calls(mode, holder=holder)
     request = _Request("first-a")
     calls.execute([request])
     calls.close()
@@ -321,16 +326,7 @@ def test_close_gives_up_the_holders_slot(mode):
 def _cuda_calls(monkeypatch, set_device) -> Token2WavCalls:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
-    return Token2WavCalls(
-        _PbUtils,
-        lambda r: r.name,
-        lambda calls, timer: ["audio"] * len(calls),
-        _Stages(),
-        lambda c: c.startswith("first"),
-        lambda a: a,
-        mode="queue",
-        device=torch.device("cuda"),
-    )
+    return _audio_calls("queue", device=torch.device("cuda"))
 
 
 def test_the_queue_worker_takes_the_gpu_current_where_it_was_built_for_a_device_without_index(monkeypatch):
