@@ -15,7 +15,9 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-from conftest import PROMPT_ZH_TEXT
+import tritonclient.http
+import tritonclient.utils
+from conftest import PROMPT_ZH_TEXT, TRITON_MODELS_DIR
 from openai_api_process import api_process, decode
 from spark_models import MAX_NEW_TOKENS, SPARK_SERVING, build_spark_models
 from triton_stats import assert_counts, success_count
@@ -327,7 +329,7 @@ def test_api_key(api, headers):
 
 def test_health_reflects_triton(http):
     health = http.get("/health").json()
-    assert health["status"] == "ok" and health["triton"]["ready"]
+    assert health["status"] == "ok" and health["triton"]["live"] and health["triton"]["ready"]
     assert health["models"]["spark-tts"] == {
         "ready": True,
         "streaming_model": "spark_tts",
@@ -342,12 +344,52 @@ def test_without_triton_the_api_answers_503_and_keeps_running(voices_dir, tmp_pa
     with api_process(*args, log_file=tmp_path / "api.log", wait_for=503) as url:
         for _ in range(2):
             health = httpx.get(f"{url}/health", timeout=30)
-            assert health.status_code == 503 and health.json()["triton"]["ready"] is False
+            assert health.status_code == 503 and health.json()["triton"]["live"] is False
             for stream_format in (None, "audio"):
                 response = httpx.post(
                     f"{url}/v1/audio/speech", json=speech(stream_format=stream_format), timeout=30
                 )
                 assert_error(response, 503, None, "triton_unavailable")
+
+
+BROKEN_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        raise pb_utils.TritonModelException("this model never loads")
+"""
+
+
+def test_a_model_outside_the_routes_that_failed_to_load_leaves_the_api_ready(voices_dir, tmp_path):
+    """Triton's strict readiness stays false while any model it holds failed to load; the API's health asks
+    whether Triton is live and its own routes' models are ready, so it keeps serving."""
+    from conftest import start_explicit_server
+
+    repo = tmp_path / "repo"
+    shutil.copytree(TRITON_MODELS_DIR / "infra_echo", repo / "infra_echo")
+    shutil.copytree(TRITON_MODELS_DIR / "infra_echo", repo / "broken", ignore=shutil.ignore_patterns("*.pyc"))
+    config = repo / "broken" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"infra_echo"', '"broken"'))
+    (repo / "broken" / "1" / "model.py").write_text(BROKEN_MODEL)
+    server = start_explicit_server(repo, tmp_path / "tritonserver.log")
+    try:
+        client = tritonclient.http.InferenceServerClient(server.http_url)
+        client.load_model("infra_echo")
+        with pytest.raises(tritonclient.utils.InferenceServerException, match="never loads"):
+            client.load_model("broken")
+        assert not client.is_server_ready()
+        route = ["--model", "echo=infra_echo,sample_rate=16000"]
+        args = ["--triton-url", server.grpc_url, "--voices-dir", str(voices_dir), *route]
+        with api_process(*args, log_file=tmp_path / "api.log") as url:
+            health = httpx.get(f"{url}/health", timeout=30).json()
+        client.close()
+    finally:
+        server.stop(grace_s=15)
+    assert health["status"] == "ok", health
+    assert health["triton"] | {"url": None} == {"url": None, "live": True, "ready": False}, health
+    echo = health["models"]["echo"]
+    assert echo["ready"] and echo["offline_model"] == "infra_echo", health
 
 
 @pytest.mark.slow

@@ -98,11 +98,11 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready = await triton.server_ready()
+        live, ready = await asyncio.gather(triton.server_live(), triton.server_ready())
         models = {}
         for route in settings.routes:
             try:
-                deployed = await triton.deployment(route) if ready else None
+                deployed = await triton.deployment(route) if live else None
             except ApiError:
                 deployed = None
             models[route.name] = {
@@ -111,10 +111,10 @@ def create_app(settings: Settings, triton: TritonTTS | None = None) -> FastAPI:
                 "offline_model": deployed and deployed.offline_model,
                 "sample_rate": route.sample_rate,
             }
-        ok = ready and all(m["ready"] for m in models.values())
+        ok = live and all(m["ready"] for m in models.values())
         body = {
             "status": "ok" if ok else "unavailable",
-            "triton": {"url": settings.triton_url, "ready": ready},
+            "triton": {"url": settings.triton_url, "live": live, "ready": ready},
             "models": models,
         }
         return JSONResponse(body, status_code=200 if ok else 503)

@@ -142,7 +142,15 @@ class TritonTTS:
             await self._client.close()
             self._client = None
 
+    async def server_live(self) -> bool:
+        try:
+            return bool(await self.client.is_server_live(client_timeout=5.0))
+        except InferenceServerException:
+            return False
+
     async def server_ready(self) -> bool:
+        """Triton's own readiness: false while any model it holds is not ready, ours or not (strict readiness:
+        a model whose load failed keeps it false), so the API's health asks `server_live` and its routes."""
         try:
             return bool(await self.client.is_server_ready(client_timeout=5.0))
         except InferenceServerException:
