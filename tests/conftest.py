@@ -20,6 +20,7 @@ A model that fails to load fails only the tests that load it, with the server's 
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ class RunningTriton:
     kept: set[str] = field(default_factory=set)
     """models never unloaded to free memory (the reliability suite's: their queues may hold abandoned requests)"""
 
+    restarts: list[Path] = field(default_factory=list)
+    """the logs of the servers that died, kept beside the log (`restart_if_dead`)"""
+
     @property
     def http_url(self) -> str:
         return self.server.http_url
@@ -83,6 +87,33 @@ class RunningTriton:
             self.loaded.add(name)
         client.close()
         return self
+
+    def died_of_the_response_sender_race(self) -> bool:
+        """Whether the server is dead of tritonserver 2.51's crash on a late response (docs/tests.md): a
+        segmentation fault in TRITONBACKEND_ResponseSend, a response sent for a request the backend had already
+        failed because it took its stub for unhealthy."""
+        log = self.server.config.log_file
+        if self.server.process is None or self.server.process.poll() is None or log is None:
+            return False
+        return response_send_crash(log.read_text(errors="replace"))
+
+    def restart_if_dead(self) -> bool:
+        """Start the server again when it has died, on the same ports (the URLs tests and API processes hold
+        stay valid), with the models it had loaded; its log moves aside first. True when it restarted."""
+        if self.server.process is None or self.server.process.poll() is None:
+            return False
+        log = self.server.config.log_file
+        kept_log = log.with_name(f"{log.stem}.died{len(self.restarts) + 1}{log.suffix}")
+        log.rename(kept_log)
+        self.restarts.append(kept_log)
+        kill_leftover_stubs(self.repo)
+        start_with_server_threads(self.server)
+        self.server.wait_ready(timeout=scaled(120))
+        models, self.loaded = sorted(self.loaded), set()
+        module_loads = set(self.module_loads)
+        self.load(*models)
+        self.module_loads = module_loads
+        return True
 
     def unload(self, *names: str) -> None:
         """Unload models this session loaded, waiting (bounded) until their stubs are gone."""
@@ -136,6 +167,17 @@ class RunningTriton:
 
 
 _SESSION_SERVERS: list[RunningTriton] = []  # the session's server once the `triton` fixture started it
+_RESPONSE_SEND_CRASH = re.compile(r"Signal \(11\) received\.(?:\n.*){0,12}TRITONBACKEND_ResponseSend")
+
+
+def response_send_crash(log_text: str) -> bool:
+    """Whether a tritonserver log ends in a segmentation fault inside TRITONBACKEND_ResponseSend."""
+    return _RESPONSE_SEND_CRASH.search(log_text) is not None
+
+
+def _session_server_died_of_the_response_sender_race() -> bool:
+    """The rerun condition of the session server's tests (pytest_collection_modifyitems)."""
+    return bool(_SESSION_SERVERS) and _SESSION_SERVERS[0].died_of_the_response_sender_race()
 
 
 def available_memory_gib() -> float:
@@ -152,11 +194,13 @@ def _unload_after_module(request: pytest.FixtureRequest):
     for (a later module that wants one loads it again). Without this, the session server's stubs (150-320 MiB
     each, one per model) filled CI's 24 GiB machine before the last modules, and the kernel killed the run."""
     if _SESSION_SERVERS:
+        _SESSION_SERVERS[0].restart_if_dead()
         _SESSION_SERVERS[0].module_loads.clear()
     yield
     if not _SESSION_SERVERS:
         return
     server = _SESSION_SERVERS[0]
+    server.restart_if_dead()
     server.unload(*getattr(request.module, "UNLOAD_AFTER", ()))
     if available_memory_gib() < UNLOAD_BELOW_AVAILABLE_GIB:
         server.unload(*sorted(server.loaded - server.module_loads - server.kept))
@@ -256,11 +300,24 @@ def start_with_server_threads(server: TritonServer) -> None:
                 os.environ[name] = value
 
 
+@pytest.fixture(autouse=True)
+def _session_server_alive():
+    """Before each test: a session server that died (of the crash `died_of_the_response_sender_race` names, or
+    any other) is started again, so one crash fails at most the test it happened in."""
+    if _SESSION_SERVERS:
+        _SESSION_SERVERS[0].restart_if_dead()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that use the session server, directly or through other fixtures, carry the `triton` mark."""
+    """Tests that use the session server, directly or through other fixtures, carry the `triton` mark, and run
+    once more (pytest-rerunfailures, reported as a rerun) when it died during them of tritonserver 2.51's crash
+    on a late response; any other failure is final."""
     for item in items:
         if "triton" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.triton)
+            item.add_marker(
+                pytest.mark.flaky(reruns=1, condition=_session_server_died_of_the_response_sender_race)
+            )
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
