@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from waiting import scaled, wait_until
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tritontts.triton.server import ServerConfig, ServerError, TritonServer, free_ports
-from tritontts.triton.stubs import stubs_serving
+from tritontts.triton.stubs import free_shm_region, list_stubs, stubs_serving
 
 TRITON_MODELS_DIR = Path(__file__).parent / "triton_models"
 SERVER_MALLOC_ARENAS = "2"  # run.sh --server_malloc_arena_max's default
@@ -57,6 +58,8 @@ class RunningTriton:
 
     restarts: list[Path] = field(default_factory=list)
     """the logs of the servers that died, kept beside the log (`restart_if_dead`)"""
+    pools: set[str] = field(default_factory=set)
+    """the shared-memory pools of the stubs it started (/dev/shm; a server that dies leaves them)"""
 
     @property
     def http_url(self) -> str:
@@ -86,6 +89,7 @@ class RunningTriton:
                 raise ServerError(f"loading model '{name}' failed: {err}\n{self.server.log_tail()}") from err
             self.loaded.add(name)
         client.close()
+        self.pools.update(stub.shm_region for stub in list_stubs(self.server.pid) if stub.shm_region)
         return self
 
     def died_of_the_response_sender_race(self) -> bool:
@@ -107,6 +111,7 @@ class RunningTriton:
         log.rename(kept_log)
         self.restarts.append(kept_log)
         kill_leftover_stubs(self.repo)
+        self._remove_pools()
         start_with_server_threads(self.server)
         self.server.wait_ready(timeout=scaled(120))
         models, self.loaded = sorted(self.loaded), set()
@@ -114,6 +119,16 @@ class RunningTriton:
         self.load(*models)
         self.module_loads = module_loads
         return True
+
+    def _remove_pools(self, timeout_s: float = 15.0) -> None:
+        """Remove the pools of the dead server's stubs once nothing maps them (its killed stubs exit a moment
+        later); 64 MiB each, in memory."""
+        deadline = time.monotonic() + scaled(timeout_s)
+        left = self.pools
+        while left and time.monotonic() < deadline:
+            left = {p for p in left if not free_shm_region(p) and (Path("/dev/shm") / p).exists()}
+            time.sleep(0.2 if left else 0)
+        self.pools = set()
 
     def unload(self, *names: str) -> None:
         """Unload models this session loaded, waiting (bounded) until their stubs are gone."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -61,6 +62,7 @@ def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
     try:
         running.load("infra_echo")
         urls = (running.http_url, running.grpc_url)
+        (pool,) = running.pools
         assert not running.restart_if_dead()
         os.kill(running.server.pid, signal.SIGSEGV)
         running.server.process.wait(timeout=60)
@@ -69,6 +71,7 @@ def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
         assert (running.http_url, running.grpc_url) == urls and running.loaded == {"infra_echo"}
         np.testing.assert_array_equal(echo(running.http_url), 2 * np.arange(3, dtype=np.float32))
         assert "Signal (11) received" in running.restarts[0].read_text(errors="replace")
+        assert not (Path("/dev/shm") / pool).exists() and running.pools and pool not in running.pools
     finally:
         running.server.stop(grace_s=15)
 
