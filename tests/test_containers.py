@@ -60,7 +60,7 @@ def test_compose_service_structure():
     tts = compose()["services"]["tts"]
     assert tts["build"]["dockerfile"] == "Dockerfile.server" and (REPO / tts["build"]["dockerfile"]).exists()
     assert tts["image"].startswith("${TTS_IMAGE:-")
-    assert tts["shm_size"]
+    assert tts["shm_size"] and tts["restart"] == "unless-stopped"
     assert set(tts["ports"]) == {"8000:8000", "8001:8001", "8002:8002"}
     (device,) = tts["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["count"] == 1 and device["capabilities"] == ["gpu"]
