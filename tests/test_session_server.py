@@ -4,14 +4,17 @@ models, and a session-server test runs once more only when tritonserver 2.51 cra
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 from conftest import (
     TRITON_MODELS_DIR,
     RunningTriton,
+    StuckUnload,
     _session_server_died_of_the_response_sender_race,
     response_send_crash,
     start_explicit_server,
@@ -82,3 +85,37 @@ def test_session_server_tests_rerun_only_on_the_crash(request, triton):
     assert marker.kwargs["condition"] is _session_server_died_of_the_response_sender_race
     assert not _session_server_died_of_the_response_sender_race()  # the session server is alive
     assert request.node.get_closest_marker("triton") is not None
+
+
+SLOW_FINALIZE = """import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+
+    def finalize(self):
+        time.sleep(120)
+"""
+
+
+def test_a_model_that_does_not_unload_in_time_is_reported_and_the_server_starts_again(tmp_path):
+    repo = tmp_path / "model_repo"
+    repo.mkdir()
+    (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
+    shutil.copytree(TRITON_MODELS_DIR / "infra_echo", repo / "slow", ignore=shutil.ignore_patterns("*.pyc"))
+    config = repo / "slow" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"infra_echo"', '"slow"'))
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_FINALIZE)
+    running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+    try:
+        running.load("infra_echo", "slow")
+        pid = running.server.pid
+        with pytest.warns(StuckUnload, match="slow"):
+            running.unload("slow", timeout=3)
+        assert running.server.pid != pid and running.loaded == {"infra_echo"} and len(running.restarts) == 1
+        np.testing.assert_array_equal(echo(running.http_url), 2 * np.arange(3, dtype=np.float32))
+    finally:
+        running.server.stop(grace_s=15)
