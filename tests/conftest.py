@@ -60,9 +60,8 @@ class RunningTriton:
     """the models the running test module asked for (loaded by it or before it)"""
     kept: set[str] = field(default_factory=set)
     """models never unloaded to free memory (the reliability suite's: their queues may hold abandoned requests)"""
-
     restarts: list[Path] = field(default_factory=list)
-    """the logs of the servers that died, kept beside the log (`restart_if_dead`)"""
+    """the logs of the servers it replaced (`restart_if_dead`, `restart`), kept beside its log"""
     pools: set[str] = field(default_factory=set)
     """the shared-memory pools of the stubs it started (/dev/shm; a server that dies leaves them)"""
 
