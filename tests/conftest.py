@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import time
 import warnings
@@ -45,6 +46,14 @@ from tritontts.triton.stubs import free_shm_region, list_stubs, stubs_serving
 TRITON_MODELS_DIR = Path(__file__).parent / "triton_models"
 SERVER_MALLOC_ARENAS = "2"  # run.sh --server_malloc_arena_max's default
 UNLOAD_BELOW_AVAILABLE_GIB = float(os.environ.get("TRITONTTS_TEST_UNLOAD_BELOW_GIB", "10"))
+
+
+def echo_shaped_model(repo: Path, name: str, model_py: str) -> None:
+    """A python model `name` in `repo` with infra_echo's inputs, outputs and config, and `model_py` as its code."""
+    shutil.copytree(TRITON_MODELS_DIR / "infra_echo", repo / name, ignore=shutil.ignore_patterns("*.pyc"))
+    config = repo / name / "config.pbtxt"
+    config.write_text(config.read_text().replace('"infra_echo"', f'"{name}"'))
+    (repo / name / "1" / "model.py").write_text(model_py)
 
 
 class StuckUnload(UserWarning):

@@ -364,14 +364,11 @@ class TritonPythonModel:
 def test_a_model_outside_the_routes_that_failed_to_load_leaves_the_api_ready(voices_dir, tmp_path):
     """Triton's strict readiness stays false while any model it holds failed to load; the API's health asks
     whether Triton is live and its own routes' models are ready, so it keeps serving."""
-    from conftest import start_explicit_server
+    from conftest import echo_shaped_model, start_explicit_server
 
     repo = tmp_path / "repo"
     shutil.copytree(TRITON_MODELS_DIR / "infra_echo", repo / "infra_echo")
-    shutil.copytree(TRITON_MODELS_DIR / "infra_echo", repo / "broken", ignore=shutil.ignore_patterns("*.pyc"))
-    config = repo / "broken" / "config.pbtxt"
-    config.write_text(config.read_text().replace('"infra_echo"', '"broken"'))
-    (repo / "broken" / "1" / "model.py").write_text(BROKEN_MODEL)
+    echo_shaped_model(repo, "broken", BROKEN_MODEL)
     server = start_explicit_server(repo, tmp_path / "tritonserver.log")
     try:
         client = tritonclient.http.InferenceServerClient(server.http_url)

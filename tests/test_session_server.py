@@ -4,7 +4,6 @@ models, and a session-server test runs once more only when tritonserver 2.51 cra
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from conftest import (
     RunningTriton,
     StuckUnload,
     _session_server_died_of_the_response_sender_race,
+    echo_shaped_model,
     response_send_crash,
     start_explicit_server,
 )
@@ -105,10 +105,7 @@ def test_a_model_that_does_not_unload_in_time_is_reported_and_the_server_starts_
     repo = tmp_path / "model_repo"
     repo.mkdir()
     (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
-    shutil.copytree(TRITON_MODELS_DIR / "infra_echo", repo / "slow", ignore=shutil.ignore_patterns("*.pyc"))
-    config = repo / "slow" / "config.pbtxt"
-    config.write_text(config.read_text().replace('"infra_echo"', '"slow"'))
-    (repo / "slow" / "1" / "model.py").write_text(SLOW_FINALIZE)
+    echo_shaped_model(repo, "slow", SLOW_FINALIZE)
     running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
     try:
         running.load("infra_echo", "slow")
