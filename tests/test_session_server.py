@@ -1,5 +1,6 @@
 """The session server's care of itself (tests/conftest.py): a server that died starts again on its ports with its
-models, and a session-server test runs once more only when tritonserver 2.51 crashed under it on a late response."""
+models, and a session-server test runs once more only when tritonserver 2.51 crashed under it on a late response
+or failed a request of a stub it took for dead while the stub ran on."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from conftest import (
     TRITON_MODELS_DIR,
     RunningTriton,
     StuckUnload,
-    _session_server_died_of_the_response_sender_race,
+    _session_server_failed_of_a_starved_stub,
     echo_shaped_model,
     response_send_crash,
     start_explicit_server,
 )
+from tritonclient.utils import InferenceServerException
+
+from tritontts.triton.stubs import current_stubs
 
 TRITON_MODELS = [TRITON_MODELS_DIR / "infra_echo"]
 
@@ -79,12 +83,19 @@ def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
         running.server.stop(grace_s=15)
 
 
-def test_session_server_tests_rerun_only_on_the_crash(request, triton):
+def test_session_server_tests_rerun_only_on_the_crash_or_a_live_stub_taken_for_dead(request, triton):
     marker = request.node.get_closest_marker("flaky")
     assert marker is not None and marker.kwargs["reruns"] == 1, marker
-    assert marker.kwargs["condition"] is _session_server_died_of_the_response_sender_race
-    assert not _session_server_died_of_the_response_sender_race()  # the session server is alive
+    assert marker.kwargs["condition"] is _session_server_failed_of_a_starved_stub
     assert request.node.get_closest_marker("triton") is not None
+    triton.load("infra_echo")
+    live = current_stubs(triton.server.pid)["infra_echo_0_0"].instance
+    taken_for_dead = InferenceServerException(f"[StatusCode.INTERNAL] Stub process '{live}' is not healthy.")
+    assert _session_server_failed_of_a_starved_stub(taken_for_dead)
+    gone = InferenceServerException("[StatusCode.INTERNAL] Stub process 'no_such_model_0_0' is not healthy.")
+    assert not _session_server_failed_of_a_starved_stub(gone)  # a stub that died: a real failure
+    assert not _session_server_failed_of_a_starved_stub(AssertionError("audio differs"))
+    assert not _session_server_failed_of_a_starved_stub(None)
 
 
 SLOW_FINALIZE = """import time
