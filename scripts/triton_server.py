@@ -6,8 +6,11 @@
         [--pid-file F --log-file L --timeout 600] [-- EXTRA TRITONSERVER ARGS]
     python scripts/triton_server.py status --pid-file F
     python scripts/triton_server.py stop --pid-file F
+    python scripts/triton_server.py reload --model-repo REPO --model token2wav --set first_chunks_first=queue
 
-`start` returns once the server is ready (exit 0) or has failed (exit 1, the log's errors printed).
+`start` returns once the server is ready (exit 0) or has failed (exit 1, the log's errors printed). `reload` sets
+string parameters in a model's config.pbtxt and loads that model again while the others keep serving (the server
+started with `-- --model-control-mode=explicit --load-model=*`, run.sh's --server_extra_args).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 from pathlib import Path
 
 from tritontts.triton.bundle import TritonNotFoundError, find_tritonserver
+from tritontts.triton.reload import ReloadError, parse_settings, reload_with_parameters
 from tritontts.triton.server import (
     LOOPBACK,
     PYTHON_SHM_BYTES,
@@ -120,6 +124,22 @@ def stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def reload(args: argparse.Namespace) -> int:
+    try:
+        settings = parse_settings(args.set)
+        served = reload_with_parameters(
+            Path(args.model_repo), args.model, settings, f"{args.address}:{args.http_port}", args.timeout
+        )
+    except (ValueError, ReloadError) as err:
+        print(f"triton_server.py reload: {err}", file=sys.stderr)
+        return 1
+    print(
+        f"'{args.model}' loaded again; its parameters now: "
+        + ", ".join(f"{k}={v}" for k, v in served.items())
+    )
+    return 0
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     extra: list[str] = []
     if "--" in argv:
@@ -174,6 +194,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="seconds before SIGKILL (default: the server's --exit-timeout-secs and 10, at least 40)",
     )
+    reload_parser = commands.add_parser(
+        "reload",
+        parents=[common],
+        help="set string parameters in a model's config.pbtxt and load it again (explicit model control)",
+    )
+    reload_parser.add_argument("--model-repo", required=True)
+    reload_parser.add_argument("--model", required=True)
+    reload_parser.add_argument(
+        "--set",
+        action="append",
+        required=True,
+        metavar="KEY=VALUE",
+        help="a parameter the config has (repeatable)",
+    )
+    reload_parser.add_argument("--timeout", type=float, default=600.0, help="seconds the load may take")
     args = parser.parse_args(argv)
     args.extra = extra
     return args
@@ -182,7 +217,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        return {"prepare": prepare, "start": start, "status": status, "stop": stop}[args.command](args)
+        commands = {"prepare": prepare, "start": start, "status": status, "stop": stop, "reload": reload}
+        return commands[args.command](args)
     except (TritonNotFoundError, ServerError) as err:
         print(f"triton_server.py {args.command}: {err}", file=sys.stderr)
         return 1
