@@ -60,6 +60,15 @@ class StuckUnload(UserWarning):
     """A model of the session server that did not unload in time: the server started again without it."""
 
 
+class StuckLoad(UserWarning):
+    """A model of the session server whose load did not end in time: the server started again and loaded it once
+    more."""
+
+
+LOAD_TIMEOUT_S = 240.0
+"""A model load on the session server (a few seconds; a minute on the loaded 2-core machine) past this is stuck."""
+
+
 @dataclass
 class RunningTriton:
     server: TritonServer
@@ -82,13 +91,11 @@ class RunningTriton:
     def grpc_url(self) -> str:
         return self.server.grpc_url
 
-    def load(self, *names: str) -> RunningTriton:
-        """Load models of the session repository (once each); raises with the server log on failure."""
-        import tritonclient.http as httpclient
-        from tritonclient.utils import InferenceServerException
-
+    def load(self, *names: str, timeout: float = LOAD_TIMEOUT_S) -> RunningTriton:
+        """Load models of the session repository (once each); raises with the server log on failure. A load
+        that takes over `timeout` s is reported (a StuckLoad warning with its stubs' stacks), and the server
+        starts again and loads the model once more: a token2wav model's initialize hung twice in suite runs."""
         self.module_loads.update(names)
-        client = httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
         for name in names:
             if name in self.loaded:
                 continue
@@ -97,13 +104,30 @@ class RunningTriton:
                     f"model '{name}' is not in the session repository {self.repo}; add it to TRITON_MODELS"
                 )
             try:
-                client.load_model(name)
-            except InferenceServerException as err:
-                raise ServerError(f"loading model '{name}' failed: {err}\n{self.server.log_tail()}") from err
+                self._load_one(name, timeout)
+            except TimeoutError:
+                stuck = f"loading {name} took over {timeout:.0f} s{self.stuck_stacks([name])}"
+                warnings.warn(
+                    StuckLoad(f"{stuck}\nthe session server starts again and loads it once more"),
+                    stacklevel=2,
+                )
+                self.restart()
+                self._load_one(name, timeout)
             self.loaded.add(name)
-        client.close()
         self.pools.update(stub.shm_region for stub in list_stubs(self.server.pid) if stub.shm_region)
         return self
+
+    def _load_one(self, name: str, timeout: float) -> None:
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException
+
+        client = httpclient.InferenceServerClient(self.http_url, network_timeout=timeout)
+        try:
+            client.load_model(name)
+        except InferenceServerException as err:
+            raise ServerError(f"loading model '{name}' failed: {err}\n{self.server.log_tail()}") from err
+        finally:
+            client.close()
 
     def died_of_the_response_sender_race(self) -> bool:
         """Whether the server is dead of tritonserver 2.51's crash on a late response (docs/tests.md): a

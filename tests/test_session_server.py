@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from conftest import (
     TRITON_MODELS_DIR,
     RunningTriton,
+    StuckLoad,
     StuckUnload,
     _session_server_failed_of_a_starved_stub,
     echo_shaped_model,
@@ -124,6 +125,51 @@ def test_a_model_that_does_not_unload_in_time_is_reported_and_the_server_starts_
         with pytest.warns(StuckUnload, match="slow"):
             running.unload("slow", timeout=3)
         assert running.server.pid != pid and running.loaded == {"infra_echo"} and len(running.restarts) == 1
+        np.testing.assert_array_equal(echo(running.http_url), 2 * np.arange(3, dtype=np.float32))
+    finally:
+        running.server.stop(grace_s=15)
+
+
+HANGS_ONCE = """from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from tritontts.triton.debug import enable_stack_dumps
+
+MARKER = Path(__file__).parent / "hung_once"
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        enable_stack_dumps()
+        if not MARKER.exists():
+            MARKER.touch()
+            wait_for_ever()
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+
+
+def wait_for_ever():
+    import threading
+
+    threading.Event().wait()
+"""
+
+
+def test_a_load_that_hangs_is_reported_with_its_stack_and_tried_once_more_on_a_fresh_server(tmp_path):
+    repo = tmp_path / "model_repo"
+    repo.mkdir()
+    (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
+    echo_shaped_model(repo, "hangs_once", HANGS_ONCE)
+    running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+    try:
+        running.load("infra_echo")
+        pid = running.server.pid
+        with pytest.warns(StuckLoad, match=r"(?s)loading hangs_once took over 5 s.*wait_for_ever"):
+            running.load("hangs_once", timeout=5)
+        assert running.server.pid != pid and running.loaded == {"infra_echo", "hangs_once"}
+        assert len(running.restarts) == 1
         np.testing.assert_array_equal(echo(running.http_url), 2 * np.arange(3, dtype=np.float32))
     finally:
         running.server.stop(grace_s=15)
