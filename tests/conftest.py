@@ -56,6 +56,22 @@ def echo_shaped_model(repo: Path, name: str, model_py: str) -> None:
     (repo / name / "1" / "model.py").write_text(model_py)
 
 
+def echo(url: str, x=None):
+    """infra_echo's Y (its `scale` times X) for X = `x` (default 0, 1, 2), over HTTP."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    x = np.arange(3, dtype=np.float32) if x is None else x
+    client = httpclient.InferenceServerClient(url)
+    inputs = [httpclient.InferInput("X", list(x.shape), "FP32"), httpclient.InferInput("TEXT", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(np.array([b"t"], dtype=object))
+    try:
+        return client.infer("infra_echo", inputs).as_numpy("Y")
+    finally:
+        client.close()
+
+
 class StuckUnload(UserWarning):
     """A model of the session server that did not unload in time: the server started again without it."""
 

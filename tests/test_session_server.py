@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient
 from conftest import (
     TRITON_MODELS_DIR,
     RunningTriton,
     StuckLoad,
     StuckUnload,
     _session_server_failed_of_a_starved_stub,
+    echo,
     echo_shaped_model,
     response_send_crash,
     start_explicit_server,
@@ -39,18 +39,6 @@ Signal (11) received.
  5# TRITONBACKEND_ResponseSend in /venv/lib/python3.11/site-packages/nvidia_pytriton.libs/libtritonserver-717102f0.so
  6# 0x00007F71247668B4 in /venv/lib/python3.11/site-packages/pytriton/tritonserver/backends/python/libtriton_python.so
 """
-
-
-def echo(url: str) -> np.ndarray:
-    client = httpclient.InferenceServerClient(url)
-    x = httpclient.InferInput("X", [3], "FP32")
-    x.set_data_from_numpy(np.arange(3, dtype=np.float32))
-    text = httpclient.InferInput("TEXT", [1], "BYTES")
-    text.set_data_from_numpy(np.array([b"t"], dtype=object))
-    try:
-        return client.infer("infra_echo", [x, text]).as_numpy("Y")
-    finally:
-        client.close()
 
 
 def test_the_crash_signature_is_a_segfault_in_response_send():
@@ -99,6 +87,15 @@ def test_session_server_tests_rerun_only_on_the_crash_or_a_live_stub_taken_for_d
     assert not _session_server_failed_of_a_starved_stub(None)
 
 
+def server_with_echo_and(tmp_path: Path, name: str, model_py: str) -> RunningTriton:
+    """A server of its own over infra_echo and a model `name` of infra_echo's shape running `model_py`."""
+    repo = tmp_path / "model_repo"
+    repo.mkdir()
+    (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
+    echo_shaped_model(repo, name, model_py)
+    return RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+
+
 SLOW_FINALIZE = """import time
 
 import triton_python_backend_utils as pb_utils
@@ -114,11 +111,7 @@ class TritonPythonModel:
 
 
 def test_a_model_that_does_not_unload_in_time_is_reported_and_the_server_starts_again(tmp_path):
-    repo = tmp_path / "model_repo"
-    repo.mkdir()
-    (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
-    echo_shaped_model(repo, "slow", SLOW_FINALIZE)
-    running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+    running = server_with_echo_and(tmp_path, "slow", SLOW_FINALIZE)
     try:
         running.load("infra_echo", "slow")
         pid = running.server.pid
@@ -158,11 +151,7 @@ def wait_for_ever():
 
 
 def test_a_load_that_hangs_is_reported_with_its_stack_and_tried_once_more_on_a_fresh_server(tmp_path):
-    repo = tmp_path / "model_repo"
-    repo.mkdir()
-    (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
-    echo_shaped_model(repo, "hangs_once", HANGS_ONCE)
-    running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+    running = server_with_echo_and(tmp_path, "hangs_once", HANGS_ONCE)
     try:
         running.load("infra_echo")
         pid = running.server.pid

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from conftest import TRITON_MODELS_DIR, start_explicit_server
+from conftest import TRITON_MODELS_DIR, echo, start_explicit_server
 
 from tritontts.triton.reload import parse_settings, with_parameters
 
@@ -39,18 +39,6 @@ def test_settings_are_key_equals_value():
             parse_settings([bad])
 
 
-def echo(url: str) -> np.ndarray:
-    client = httpclient.InferenceServerClient(url)
-    x = httpclient.InferInput("X", [3], "FP32")
-    x.set_data_from_numpy(np.ones(3, dtype=np.float32))
-    text = httpclient.InferInput("TEXT", [1], "BYTES")
-    text.set_data_from_numpy(np.array([b"t"], dtype=object))
-    try:
-        return client.infer("infra_echo", [x, text]).as_numpy("Y")
-    finally:
-        client.close()
-
-
 def test_reload_serves_the_new_parameter_and_a_refused_or_failed_one_leaves_the_model_as_it_was(tmp_path):
     repo = tmp_path / "model_repo"
     shutil.copytree(
@@ -67,22 +55,30 @@ def test_reload_serves_the_new_parameter_and_a_refused_or_failed_one_leaves_the_
     cli += ["--model", "infra_echo", "--http-port", str(server.config.http_port)]
     try:
         httpclient.InferenceServerClient(server.http_url).load_model("infra_echo")
-        np.testing.assert_array_equal(echo(server.http_url), np.full(3, 2.0, np.float32))
+        np.testing.assert_array_equal(
+            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 2.0, np.float32)
+        )
 
         done = subprocess.run([*cli, "--set", "scale=3.0"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert "scale=3.0" in done.stdout and "upper=false" in done.stdout
-        np.testing.assert_array_equal(echo(server.http_url), np.full(3, 3.0, np.float32))
+        np.testing.assert_array_equal(
+            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 3.0, np.float32)
+        )
 
         config = (repo / "infra_echo" / "config.pbtxt").read_text()
         refused = subprocess.run([*cli, "--set", "scal=4"], capture_output=True, text=True, timeout=300)
         assert refused.returncode == 1 and "no parameter scal" in refused.stderr, refused.stderr
         assert (repo / "infra_echo" / "config.pbtxt").read_text() == config
-        np.testing.assert_array_equal(echo(server.http_url), np.full(3, 3.0, np.float32))
+        np.testing.assert_array_equal(
+            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 3.0, np.float32)
+        )
 
         failed = subprocess.run([*cli, "--set", "scale=many"], capture_output=True, text=True, timeout=300)
         assert failed.returncode == 1 and "loading 'infra_echo' again failed" in failed.stderr, failed.stderr
         assert (repo / "infra_echo" / "config.pbtxt").read_text() == config
-        np.testing.assert_array_equal(echo(server.http_url), np.full(3, 3.0, np.float32))
+        np.testing.assert_array_equal(
+            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 3.0, np.float32)
+        )
     finally:
         server.stop(grace_s=15)
