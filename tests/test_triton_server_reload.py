@@ -53,32 +53,27 @@ def test_reload_serves_the_new_parameter_and_a_refused_or_failed_one_leaves_the_
         str(repo),
     ]
     cli += ["--model", "infra_echo", "--http-port", str(server.config.http_port)]
+    ones = np.ones(3, np.float32)
     try:
-        httpclient.InferenceServerClient(server.http_url).load_model("infra_echo")
-        np.testing.assert_array_equal(
-            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 2.0, np.float32)
-        )
+        client = httpclient.InferenceServerClient(server.http_url)
+        client.load_model("infra_echo")
+        client.close()
+        np.testing.assert_array_equal(echo(server.http_url, ones), 2.0 * ones)
 
         done = subprocess.run([*cli, "--set", "scale=3.0"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert "scale=3.0" in done.stdout and "upper=false" in done.stdout
-        np.testing.assert_array_equal(
-            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 3.0, np.float32)
-        )
+        np.testing.assert_array_equal(echo(server.http_url, ones), 3.0 * ones)
 
         config = (repo / "infra_echo" / "config.pbtxt").read_text()
         refused = subprocess.run([*cli, "--set", "scal=4"], capture_output=True, text=True, timeout=300)
         assert refused.returncode == 1 and "no parameter scal" in refused.stderr, refused.stderr
         assert (repo / "infra_echo" / "config.pbtxt").read_text() == config
-        np.testing.assert_array_equal(
-            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 3.0, np.float32)
-        )
+        np.testing.assert_array_equal(echo(server.http_url, ones), 3.0 * ones)
 
         failed = subprocess.run([*cli, "--set", "scale=many"], capture_output=True, text=True, timeout=300)
         assert failed.returncode == 1 and "loading 'infra_echo' again failed" in failed.stderr, failed.stderr
         assert (repo / "infra_echo" / "config.pbtxt").read_text() == config
-        np.testing.assert_array_equal(
-            echo(server.http_url, np.ones(3, np.float32)), np.full(3, 3.0, np.float32)
-        )
+        np.testing.assert_array_equal(echo(server.http_url, ones), 3.0 * ones)
     finally:
         server.stop(grace_s=15)
