@@ -31,6 +31,12 @@ class Stub:
         0  # start time (clock ticks after boot): of two stubs named alike, the later one is current
     )
 
+    @property
+    def runs_an_instance(self) -> bool:
+        """False for the stub the python backend runs for a model itself, named after it, while the model loads
+        (its auto_complete_config): it exits by design once the model's instances start."""
+        return self.instance != self.model
+
 
 def _process(pid: int) -> tuple[int, str, int, list[str]] | None:
     """(parent pid, state, start time, argv) of a live process, None when gone or unreadable."""

@@ -1,0 +1,98 @@
+"""The watchdog (tritontts.triton.watchdog) beside a server whose model is loaded again through model control
+(scripts/triton_server.py reload, an operator): while a python model loads, tritonserver 2.51 runs a stub for the
+model itself, named after it, for its auto_complete_config, and that stub exits by design once the model's
+instances start. The watchdog must not take it for a dead stub and load the model a second time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import tritonclient.http as httpclient
+from conftest import echo_shaped_model, start_explicit_server
+from reliability_models import WatchdogProcess
+from waiting import scaled
+
+from tritontts.triton.reload import reload_with_parameters
+from tritontts.triton.stubs import list_stubs
+
+MODEL = "watchdog_slow_autocomplete"
+AUTOCOMPLETE_S = 3.0
+"""long enough for several of the watchdog's polls (every 0.5 s here) to see the model's own stub"""
+
+MODEL_PY = f"""
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        time.sleep({AUTOCOMPLETE_S})
+        return config
+
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.scale = float(parameters["scale"]["string_value"])
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", self.scale * pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
+def _stub_names_while(action, server_pid: int) -> set[str]:
+    """The stubs' names (instance, or the model's own) seen under the server while `action()` runs."""
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.update(s.instance for s in list_stubs(server_pid))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        action()
+    finally:
+        done.set()
+        watcher.join()
+    return seen
+
+
+def test_a_model_loaded_again_is_not_taken_for_dead_for_its_own_autocomplete_stub(tmp_path):
+    repo = tmp_path / "model_repo"
+    echo_shaped_model(repo, MODEL, MODEL_PY)
+    server = start_explicit_server(repo, tmp_path / "tritonserver.log")
+    watchdog = None
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300.0)
+        client.load_model(MODEL)
+        client.close()
+        watchdog = WatchdogProcess(server, tmp_path / "events.jsonl")
+        parameters: dict[str, str] = {}
+        seen = _stub_names_while(
+            lambda: parameters.update(reload_with_parameters(repo, MODEL, {"scale": "3.0"}, server.http_url)),
+            server.pid,
+        )
+        assert parameters["scale"] == "3.0"
+        assert MODEL in seen and f"{MODEL}_0_0" in seen, f"stubs seen while loading: {sorted(seen)}"
+        # the watchdog acts at the latest grace (1 s) + a poll (0.5 s) after a stub is gone: give it 5 s
+        deadline = time.monotonic() + scaled(5.0)
+        while time.monotonic() < deadline and "died" not in watchdog.log_path.read_text():
+            time.sleep(0.2)
+        assert "died" not in watchdog.log_path.read_text(), watchdog.log_path.read_text()[-2000:]
+        assert watchdog.actions() == []
+        assert server.config.log_file.read_text().count(f'"loading: {MODEL}:1"') == 2
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        server.stop(grace_s=10)
