@@ -61,6 +61,13 @@ SILENCE_S = 180  # a stream that sends nothing for this long counts as hung (a s
 NEXT_REQUESTS = int(knob("next_requests", 6))  # scripts/soak.py: 20
 
 
+def aborted_on_a_lock(server: TritonServer) -> bool:
+    """tritonserver 2.51 exited with `LOCK_ABORT` in its log (FaultServer's docstring)."""
+    return server.process.poll() is not None and LOCK_ABORT in server.config.log_file.read_text(
+        errors="replace"
+    )
+
+
 class FaultServer:
     """This module's own tritonserver with the Spark-TTS and CosyVoice2 reliability models, warmed up, and a
     watchdog beside it. A stub killed while it holds its pool's lock can abort tritonserver 2.51 itself (SIGABRT,
@@ -89,8 +96,7 @@ class FaultServer:
         return self.server.grpc_url
 
     def aborted_on_a_lock(self) -> bool:
-        log = self.server.config.log_file
-        return self.server.process.poll() is not None and LOCK_ABORT in log.read_text(errors="replace")
+        return aborted_on_a_lock(self.server)
 
     def restart_if_aborted(self) -> None:
         """A fresh server where an earlier case's kill aborted this one."""
@@ -271,9 +277,8 @@ def test_the_watchdog_removes_a_dead_stubs_pool_once_the_server_has_exited(tmp_p
             os.kill(victim.pid, signal.SIGKILL)
         assert read_outcome(stream, SILENCE_S)[0] == "error"
         actions = watchdog.wait_for_model(SPARK_STREAM, 0)
-        log = config.log_file.read_text(errors="replace")
-        if not actions and server.process.poll() is not None and "lock_exception" in log:
-            raise AbortedOnTheDeadStubsLock(log[-3000:])
+        if not actions and aborted_on_a_lock(server):
+            raise AbortedOnTheDeadStubsLock(config.log_file.read_text(errors="replace")[-3000:])
         assert actions and actions[0]["action"] == "reload" and actions[0]["ok"], actions
         regions = [Path("/dev/shm") / v.shm_region for v in victims]
         kept = [r for r in regions if wait_unmapped(r, -1, timeout=5) == [server.pid]]

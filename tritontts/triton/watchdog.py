@@ -56,14 +56,18 @@ class Watchdog:
     def model_ready(self, model: str) -> bool:
         return answers_ok(f"http://{self.config.http_url}/v2/models/{model}/ready")
 
+    def instance_stubs(self) -> list[Stub]:
+        """The server's live stubs of model instances, not a model's own load-time stub (Stub.runs_an_instance)."""
+        return [s for s in list_stubs(self.config.server_pid) if s.runs_an_instance]
+
     def check(self) -> list[str]:
         """One poll: the models found dead (and acted upon) in it.
 
-        A model's own stub, which runs while the model loads (Stub.runs_an_instance), is not followed. Stubs are
-        followed by pid: after a reload, 2.51 may keep an old version's stub alive beside the new one
-        of the same instance name (docs/reliability.md), so a name alone would hide a new stub's death."""
+        Only instance stubs are followed (instance_stubs), by pid: after a reload, 2.51 may keep an old version's
+        stub alive beside the new one of the same instance name (docs/reliability.md), so a name alone would hide a
+        new stub's death."""
         now = self.clock()
-        stubs = [s for s in list_stubs(self.config.server_pid) if s.runs_an_instance]
+        stubs = self.instance_stubs()
         live = {s.pid: s for s in stubs}
         for pid in self.known:
             if pid not in live and pid not in self.missing_since:
@@ -133,7 +137,7 @@ class Watchdog:
                 self.missing_since.pop(pid, None)
                 self.known.pop(pid, None)
             # the new stubs at once: should the server go down before the next poll, their pools are swept too
-            self.known |= {s.pid: s for s in list_stubs(self.config.server_pid) if s.runs_an_instance}
+            self.known |= {s.pid: s for s in self.instance_stubs()}
             self.sweep()
             for region in [r for r in regions if r in self.dead_regions]:
                 log.warning(
