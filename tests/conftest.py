@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -145,14 +146,36 @@ class RunningTriton:
         finally:
             client.close()
 
-    def died_of_the_response_sender_race(self) -> bool:
-        """Whether the server is dead of tritonserver 2.51's crash on a late response (docs/tests.md): a
-        segmentation fault in TRITONBACKEND_ResponseSend, a response sent for a request the backend had already
-        failed because it took its stub for unhealthy."""
+    def died_of_a_python_backend_crash(self) -> bool:
+        """Whether the server is dead of one of tritonserver 2.51's python-backend crashes under load
+        (docs/tests.md): a segmentation fault or abort in TRITONBACKEND_ResponseSend (a late response for a
+        request the backend had failed, having taken its starved stub for unhealthy) or a segmentation fault
+        inside the python backend's TRITONBACKEND_ModelInstanceExecute."""
         log = self.server.config.log_file
         if self.server.process is None or self.server.process.poll() is None or log is None:
             return False
-        return response_send_crash(log.read_text(errors="replace"))
+        return python_backend_crash(log.read_text(errors="replace"))
+
+    def exited_after(self, error: BaseException | None, timeout_s: float = 30.0) -> bool:
+        """Whether the server has exited, waiting up to `timeout_s` (scaled) for it when `error` is a lost
+        connection: a client sees the socket close as tritonserver's crash handler starts, which prints a stack
+        (seconds on a loaded machine) before the process ends."""
+        process = self.server.process
+        if process is None:
+            return False
+        if error is not None and LOST_CONNECTION.search(str(error)):
+            try:
+                process.wait(timeout=scaled(timeout_s))
+            except subprocess.TimeoutExpired:
+                pass
+        return process.poll() is not None
+
+    def state(self) -> str:
+        """For a failing test's message: whether the server runs, and its log's errors and end."""
+        process = self.server.process
+        code = None if process is None else process.poll()
+        running = "runs" if code is None else f"exited with code {code}"
+        return f"tritonserver {running}; its log:\n{self.server.log_tail()}"
 
     def took_a_live_stub_for_dead(self, error: BaseException | None) -> bool:
         """Whether `error` is the python backend's "Stub process '<instance>' is not healthy" for a stub of this
@@ -258,22 +281,29 @@ class RunningTriton:
 
 
 _SESSION_SERVERS: list[RunningTriton] = []  # the session's server once the `triton` fixture started it
-_RESPONSE_SEND_CRASH = re.compile(r"Signal \(11\) received\.(?:\n.*){0,12}TRITONBACKEND_ResponseSend")
+_PYTHON_BACKEND_CRASH = re.compile(
+    r"Signal \((?:11|6)\) received\.(?:\n.*){0,12}TRITONBACKEND_ResponseSend"
+    r"|Signal \(11\) received\.(?:\n.*){0,12}TRITONBACKEND_ModelInstanceExecute in \S*/libtriton_python\.so"
+)
 UNHEALTHY_STUB = re.compile(r"Stub process '([^']+)' is not healthy")
+LOST_CONNECTION = re.compile(r"StatusCode\.UNAVAILABLE|Socket closed|Connection refused|failed to connect")
 
 
-def response_send_crash(log_text: str) -> bool:
-    """Whether a tritonserver log ends in a segmentation fault inside TRITONBACKEND_ResponseSend."""
-    return _RESPONSE_SEND_CRASH.search(log_text) is not None
+def python_backend_crash(log_text: str) -> bool:
+    """Whether a tritonserver log ends in a segmentation fault or abort inside TRITONBACKEND_ResponseSend, or in
+    a segmentation fault inside the python backend's TRITONBACKEND_ModelInstanceExecute."""
+    return _PYTHON_BACKEND_CRASH.search(log_text) is not None
 
 
 def _session_server_failed_of_a_starved_stub(error: BaseException | None) -> bool:
     """The rerun condition of the session server's tests (pytest_collection_modifyitems): the server died of
-    the response-sender race, or failed the request of a stub that was only starved."""
+    a python-backend crash (a server still dying when the test lost its connection is waited for), or failed
+    the request of a stub that was only starved."""
     if not _SESSION_SERVERS:
         return False
     server = _SESSION_SERVERS[0]
-    return server.died_of_the_response_sender_race() or server.took_a_live_stub_for_dead(error)
+    server.exited_after(error)
+    return server.died_of_a_python_backend_crash() or server.took_a_live_stub_for_dead(error)
 
 
 def available_memory_gib() -> float:
@@ -398,7 +428,7 @@ def start_with_server_threads(server: TritonServer) -> None:
 
 @pytest.fixture(autouse=True)
 def _session_server_alive():
-    """Before each test: a session server that died (of the crash `died_of_the_response_sender_race` names, or
+    """Before each test: a session server that died (of the crash `died_of_a_python_backend_crash` names, or
     any other) is started again, so one crash fails at most the test it happened in."""
     if _SESSION_SERVERS:
         _SESSION_SERVERS[0].restart_if_dead()
@@ -406,8 +436,8 @@ def _session_server_alive():
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use the session server, directly or through other fixtures, carry the `triton` mark, and run
-    once more (pytest-rerunfailures, reported as a rerun) when it died during them of tritonserver 2.51's crash
-    on a late response, or failed them because it took a stub that still runs for dead; any other failure is
+    once more (pytest-rerunfailures, reported as a rerun) when it died during them of one of tritonserver 2.51's
+    python-backend crashes, or failed them because it took a stub that still runs for dead; any other failure is
     final."""
     for item in items:
         if "triton" in getattr(item, "fixturenames", ()):

@@ -117,7 +117,7 @@ def test_vanishing_clients_leave_no_request_slot_queue_or_memory_behind(server, 
     )
 
     outcome = read_outcome(Stream(server.grpc_url, SPARK_STREAM, spark_arrays(reference), ["waveform"]), 120)
-    assert outcome[0] == "ok", outcome
+    assert outcome[0] == "ok", (outcome, server.state())
     after_parts = resident_parts(server.server.pid)
     level, after = ({k: v["total"] for k, v in parts.items()} for parts in (level_parts, after_parts))
     grown = {

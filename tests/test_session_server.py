@@ -1,6 +1,6 @@
 """The session server's care of itself (tests/conftest.py): a server that died starts again on its ports with its
-models, and a session-server test runs once more only when tritonserver 2.51 crashed under it on a late response
-or failed a request of a stub it took for dead while the stub ran on."""
+models, and a session-server test runs once more only when tritonserver 2.51 crashed under it in its python
+backend or failed a request of a stub it took for dead while the stub ran on."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from conftest import (
     _session_server_failed_of_a_starved_stub,
     echo,
     echo_shaped_model,
-    response_send_crash,
+    python_backend_crash,
     start_explicit_server,
 )
 from tritonclient.utils import InferenceServerException
+from waiting import scaled
 
 from tritontts.triton.stubs import current_stubs
 
@@ -41,13 +42,53 @@ Signal (11) received.
 """
 
 
-def test_the_crash_signature_is_a_segfault_in_response_send():
-    assert response_send_crash(RESPONSE_SEND_CRASH)
-    elsewhere = RESPONSE_SEND_CRASH.replace(
-        "TRITONBACKEND_ResponseSend", "TRITONBACKEND_ModelInstanceExecute"
+# The end of the log of a session server that died under test_reliability_memory's traffic on the 2-core machine
+# (python backend r24.10): two threads at once, inside the python backend's execute, with no error logged before.
+EXECUTE_CRASH = """I1206 19:42:16.979603 20441 model_lifecycle.cc:839] "successfully loaded 'cosyvoice2_dit_offline'"
+Signal (11) received.
+Signal (11) received.
+ 0# 0x000055BE52ABC52D in /venv/lib/python3.11/site-packages/pytriton/tritonserver/bin/tritonserver
+ 1# 0x00007F972825A050 in /lib/x86_64-linux-gnu/libc.so.6
+ 2# 0x00007F9720378E7A in /venv/lib/python3.11/site-packages/pytriton/tritonserver/backends/python/libtriton_python.so
+ 3# 0x00007F9720367F0C in /venv/lib/python3.11/site-packages/pytriton/tritonserver/backends/python/libtriton_python.so
+ 4# 0x00007F9720326D57 in /venv/lib/python3.11/site-packages/pytriton/tritonserver/backends/python/libtriton_python.so
+ 5# TRITONBACKEND_ModelInstanceExecute in /venv/lib/python3.11/site-packages/pytriton/tritonserver/backends/python/libtriton_python.so
+ 6# 0x00007F9728BA70B4 in /venv/lib/python3.11/site-packages/nvidia_pytriton.libs/libtritonserver-717102f0.so
+"""
+
+
+# The same late response ending in an abort: the lock it takes lies in memory already freed and reused.
+RESPONSE_SEND_ABORT = """I1206 19:58:37.679431 2329 model_lifecycle.cc:839] "successfully loaded 'cosyvoice2_dit_offline'"
+tritonserver: pthread_mutex_lock.c:450: __pthread_mutex_lock_full: Assertion `e != ESRCH || !robust' failed.
+Signal (6) received.
+ 0# 0x0000563151A4952D in /venv/lib/python3.11/site-packages/pytriton/tritonserver/bin/tritonserver
+ 1# 0x00007FCBE985A050 in /lib/x86_64-linux-gnu/libc.so.6
+ 2# 0x00007FCBE98A8EEC in /lib/x86_64-linux-gnu/libc.so.6
+ 3# gsignal in /lib/x86_64-linux-gnu/libc.so.6
+ 4# abort in /lib/x86_64-linux-gnu/libc.so.6
+ 5# 0x00007FCBE9844395 in /lib/x86_64-linux-gnu/libc.so.6
+ 6# 0x00007FCBE9852EC2 in /lib/x86_64-linux-gnu/libc.so.6
+ 7# 0x00007FCBE98AA361 in /lib/x86_64-linux-gnu/libc.so.6
+ 8# 0x0000563151ABA7E0 in /venv/lib/python3.11/site-packages/pytriton/tritonserver/bin/tritonserver
+ 9# 0x00007FCBEA248390 in /venv/lib/python3.11/site-packages/nvidia_pytriton.libs/libtritonserver-717102f0.so
+10# TRITONBACKEND_ResponseSend in /venv/lib/python3.11/site-packages/nvidia_pytriton.libs/libtritonserver-717102f0.so
+11# 0x00007FCBE01638B4 in /venv/lib/python3.11/site-packages/pytriton/tritonserver/backends/python/libtriton_python.so
+"""
+
+
+def test_the_crash_signatures_are_python_backend_faults():
+    assert python_backend_crash(RESPONSE_SEND_CRASH)
+    assert python_backend_crash(RESPONSE_SEND_ABORT)
+    assert python_backend_crash(EXECUTE_CRASH)
+    another_backend = EXECUTE_CRASH.replace(
+        "backends/python/libtriton_python.so", "backends/onnx/libtriton_onnx.so"
     )
-    assert not response_send_crash(elsewhere)
-    assert not response_send_crash(RESPONSE_SEND_CRASH.replace("Signal (11)", "Signal (6)"))
+    assert not python_backend_crash(another_backend)
+    assert not python_backend_crash(EXECUTE_CRASH.replace("Signal (11)", "Signal (6)"))
+    for crash in (RESPONSE_SEND_CRASH, RESPONSE_SEND_ABORT):
+        assert not python_backend_crash(
+            crash.replace("TRITONBACKEND_ResponseSend", "TRITONBACKEND_ModelFinalize")
+        )
 
 
 def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
@@ -60,9 +101,12 @@ def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
         urls = (running.http_url, running.grpc_url)
         (pool,) = running.pools
         assert not running.restart_if_dead()
+        lost = InferenceServerException("[StatusCode.UNAVAILABLE] Stream removed (Socket closed)")
+        assert not running.exited_after(lost, timeout_s=1) and "tritonserver runs" in running.state()
         os.kill(running.server.pid, signal.SIGSEGV)
-        running.server.process.wait(timeout=60)
-        assert not running.died_of_the_response_sender_race()  # a segfault, but not in ResponseSend
+        assert running.exited_after(lost)  # waits for the crash handler to end the process
+        assert "exited with code" in running.state() and "Signal (11)" in running.state()
+        assert not running.died_of_a_python_backend_crash()  # a segfault, but not in the python backend
         assert running.restart_if_dead()
         assert (running.http_url, running.grpc_url) == urls and running.loaded == {"infra_echo"}
         np.testing.assert_array_equal(echo(running.http_url), 2 * np.arange(3, dtype=np.float32))
@@ -155,8 +199,10 @@ def test_a_load_that_hangs_is_reported_with_its_stack_and_tried_once_more_on_a_f
     try:
         running.load("infra_echo")
         pid = running.server.pid
-        with pytest.warns(StuckLoad, match=r"(?s)loading hangs_once took over 5 s.*wait_for_ever"):
-            running.load("hangs_once", timeout=5)
+        with pytest.warns(StuckLoad, match=r"(?s)loading hangs_once took over \d+ s.*wait_for_ever"):
+            running.load(
+                "hangs_once", timeout=scaled(15)
+            )  # a fresh stub's load on a busy 2-core machine: 5 s failed once
         assert running.server.pid != pid and running.loaded == {"infra_echo", "hangs_once"}
         assert len(running.restarts) == 1
         np.testing.assert_array_equal(echo(running.http_url), 2 * np.arange(3, dtype=np.float32))
