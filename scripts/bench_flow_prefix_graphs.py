@@ -1,7 +1,8 @@
 """First streamed chunks of one voice through the CosyVoice2 flow decoder, full-size synthetic weights, fp16 on
 one GPU: `flow.decode` from its CUDA graphs (batch sizes 1, 2, 4, 8) against `decode_after_voices` through
 `GraphedPrefixCFM` (the voice's prefix made beforehand), both uncompiled; medians, the largest difference, the
-graphs' capture."""
+graphs' capture. One row: `decode_after_voices` decodes it whole since the H100 run of this benchmark (its prefix
+graph was 4-6% slower there), so that row compares the whole path with itself."""
 
 from __future__ import annotations
 

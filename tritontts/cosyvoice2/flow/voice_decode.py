@@ -72,7 +72,10 @@ def decode_after_voices(
     """What `flow.decode(conditions)` gives (the target's mel, float32 [1, 80, T - prompt_frames] each) for
     streamed calls; `voices[i]`: call i's voice key and prompt tokens. Calls whose prompt has no stable whole
     chunk (with `graphed`: none of its prefix lengths) go through `flow.decode`; with `graphed`, a voice's calls
-    run in batches of at most its largest batch size, and a batch it has no graph for goes through `flow.decode`."""
+    run in batches of at most its largest batch size, and a batch it has no graph for, or of one row, goes through
+    `flow.decode` (one row decodes 4-6% faster from the flow's whole-call graph than after its prefix on an H100:
+    benchmarks/flow_prefix_graphs_h100_full_synthetic.json); the voice's prefix is made all the same, for its
+    later batches."""
     lengths = graphed.prefix_frames if graphed is not None else None
     mels: list[Tensor | None] = [None] * len(conditions)
     groups: dict[tuple[str, int], list[int]] = {}
@@ -94,11 +97,15 @@ def decode_after_voices(
                 plain.extend(batch)
             else:
                 batches.append((key, start, batch))
+    whole_rows = graphed is not None
+    plain += [batch[0] for _, _, batch in batches if whole_rows and len(batch) == 1]
     for i, mel in zip(plain, flow.decode([conditions[i] for i in plain])):
         mels[i] = mel
     for key, start, batch in batches:
         first = conditions[batch[0]]
         prefix = store.get(key, lambda first=first, start=start: _make_prefix(flow, first, start, steps))
+        if whole_rows and len(batch) == 1:
+            continue
         rows = [conditions[i] for i in batch]
         for i, mel in zip(batch, _decode_group(flow, rows, prefix, start, steps, key, graphed)):
             mels[i] = mel
