@@ -148,9 +148,9 @@ def one_request(server, model: str, kind: str, arrays: dict) -> tuple[str, str]:
 
 
 def warm_the_vocoder_with_its_largest_batch(server) -> None:
-    """CONCURRENCY vocoder requests of MAX_NEW_TOKENS semantic tokens at once: the first executes alone and the
-    rest queue into one batch, larger and longer than the traffic's BLS instances (2 streaming, 2 offline) bring
-    together. A batch larger than any before raises the stub's allocator high-water mark once; this reaches it
+    """CONCURRENCY vocoder requests of MAX_NEW_TOKENS semantic tokens at once: those that queue behind the first
+    execute batched (dynamic batching, up to 7 rows), larger and longer than the traffic's BLS instances (2
+    streaming, 2 offline) bring together. A batch larger than any before raises the stub's allocator high-water mark once; this reaches it
     before the level is taken (a CI run's vocoder stub grew 14%, 46 MiB, after warm-up; 0.0% in runs here)."""
     rng = np.random.default_rng(0)
     arrays = {
