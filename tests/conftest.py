@@ -77,6 +77,10 @@ class StuckUnload(UserWarning):
     """A model of the session server that did not unload in time: the server started again without it."""
 
 
+class ServerDied(UserWarning):
+    """The session server had died: it started again (restart_if_dead)."""
+
+
 class StuckLoad(UserWarning):
     """A model of the session server whose load did not end in time: the server started again and loaded it once
     more."""
@@ -188,9 +192,11 @@ class RunningTriton:
 
     def restart_if_dead(self) -> bool:
         """Start the server again when it has died, on the same ports (the URLs tests and API processes hold
-        stay valid), with the models it had loaded; its log moves aside first. True when it restarted."""
+        stay valid), with the models it had loaded; its log moves aside first. True when it restarted. A
+        `ServerDied` warning carries how it ended and its log's end (CI's output keeps no server log)."""
         if self.server.process is None or self.server.process.poll() is None:
             return False
+        warnings.warn(ServerDied(f"the session server died; {self.state()}"), stacklevel=2)
         self._start_again()
         return True
 
