@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -23,6 +24,16 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("spark_tts", "cosyvoice2", "cosyvoice2_dit", "cosyvoice3")
 STAGE_TIMEOUT_S = 1800
+STUB_DIED_AT_LOAD = re.compile(
+    r"(?s)tritonserver exited with code -6 before it was ready.*boost::interprocess::lock_exception"
+)
+
+
+def _a_stub_died_while_the_server_loaded(error: BaseException | None) -> bool:
+    """The rerun condition: tritonserver 2.51 aborted on the pool lock of a stub that died while the models loaded
+    (docs/tests.md; in one CI run here the wheel's stub trapped in PbString::LoadFromSharedMemory). Any other
+    failure of a quick start is final."""
+    return error is not None and STUB_DIED_AT_LOAD.search(str(error)) is not None
 
 
 def _user_environment() -> dict[str, str]:
@@ -75,6 +86,26 @@ def test_the_venv_is_the_users_not_the_tests(user_venv):
     )
 
 
+# The end of the quick start's message in that CI run (paths shortened).
+STUB_DIED_AT_LOAD_TAIL = """tritonserver exited with code -6 before it was ready
+--- errors in exp/cosyvoice3/tritonserver.log ---
+I1206 21:26:19.319089 13642 model_lifecycle.cc:839] "successfully loaded 'speaker_embedding'"
+terminate called after throwing an instance of 'boost::interprocess::lock_exception'
+  what():  boost::interprocess::lock_exception
+"""
+
+
+def test_a_quick_start_runs_again_only_when_a_stub_died_while_the_server_loaded():
+    assert _a_stub_died_while_the_server_loaded(AssertionError(STUB_DIED_AT_LOAD_TAIL))
+    other_exit = STUB_DIED_AT_LOAD_TAIL.replace("code -6", "code 1")
+    assert not _a_stub_died_while_the_server_loaded(AssertionError(other_exit))
+    no_lock = STUB_DIED_AT_LOAD_TAIL.replace("boost::interprocess::lock_exception", "std::bad_alloc")
+    assert not _a_stub_died_while_the_server_loaded(AssertionError(no_lock))
+    assert not _a_stub_died_while_the_server_loaded(AssertionError("summary: 3 succeeded, 1 failed"))
+    assert not _a_stub_died_while_the_server_loaded(None)
+
+
+@pytest.mark.flaky(reruns=1, condition=_a_stub_died_while_the_server_loaded)
 @pytest.mark.parametrize("model", FAMILIES)
 def test_cpu_quick_start_of_each_family(user_venv, bench_data, tmp_path, model):
     http, grpc, metrics = free_ports(3)
