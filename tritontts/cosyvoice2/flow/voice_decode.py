@@ -87,7 +87,7 @@ def decode_after_voices(
         else:
             groups.setdefault((key, start), []).append(i)
     steps = flow.config.cfm.n_timesteps
-    batches = []
+    batches, prefixes_only = [], []
     for (key, start), members in groups.items():
         widest = max(graphed.config.batch_sizes) if graphed is not None else len(members)
         for first_row in range(0, len(members), widest):
@@ -95,21 +95,27 @@ def decode_after_voices(
             after = max(conditions[i].mu.size(2) for i in batch) - start
             if graphed is not None and not graphed.routes(len(batch), start, after):
                 plain.extend(batch)
+            elif graphed is not None and len(batch) == 1:
+                plain.extend(batch)
+                prefixes_only.append((key, start, batch[0]))
             else:
                 batches.append((key, start, batch))
-    whole_rows = graphed is not None
-    plain += [batch[0] for _, _, batch in batches if whole_rows and len(batch) == 1]
     for i, mel in zip(plain, flow.decode([conditions[i] for i in plain])):
         mels[i] = mel
+    for key, start, first in prefixes_only:
+        _stored_prefix(flow, store, key, conditions[first], start, steps)
     for key, start, batch in batches:
-        first = conditions[batch[0]]
-        prefix = store.get(key, lambda first=first, start=start: _make_prefix(flow, first, start, steps))
-        if whole_rows and len(batch) == 1:
-            continue
+        prefix = _stored_prefix(flow, store, key, conditions[batch[0]], start, steps)
         rows = [conditions[i] for i in batch]
         for i, mel in zip(batch, _decode_group(flow, rows, prefix, start, steps, key, graphed)):
             mels[i] = mel
     return mels
+
+
+def _stored_prefix(
+    flow: Flow, store: VoicePrefixes, key: str, first: FlowConditions, start: int, steps: int
+) -> list[LayerPrefix]:
+    return store.get(key, lambda: _make_prefix(flow, first, start, steps))
 
 
 def _make_prefix(flow: Flow, c: FlowConditions, start: int, steps: int) -> list[LayerPrefix]:
