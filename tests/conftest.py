@@ -301,7 +301,7 @@ def python_backend_crash(log_text: str) -> bool:
     return _PYTHON_BACKEND_CRASH.search(log_text) is not None
 
 
-def _session_server_failed_of_a_starved_stub(error: BaseException | None) -> bool:
+def _session_server_hit_a_python_backend_fault(error: BaseException | None) -> bool:
     """The rerun condition of the session server's tests (pytest_collection_modifyitems): the server died of
     a python-backend crash (a server still dying when the test lost its connection is waited for), or failed
     the request of a stub that was only starved."""
@@ -448,7 +448,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "triton" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.triton)
-            item.add_marker(pytest.mark.flaky(reruns=1, condition=_session_server_failed_of_a_starved_stub))
+            item.add_marker(pytest.mark.flaky(reruns=1, condition=_session_server_hit_a_python_backend_fault))
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -16,7 +16,7 @@ from conftest import (
     ServerDied,
     StuckLoad,
     StuckUnload,
-    _session_server_failed_of_a_starved_stub,
+    _session_server_hit_a_python_backend_fault,
     echo,
     echo_shaped_model,
     python_backend_crash,
@@ -121,16 +121,16 @@ def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
 def test_session_server_tests_rerun_only_on_the_crash_or_a_live_stub_taken_for_dead(request, triton):
     marker = request.node.get_closest_marker("flaky")
     assert marker is not None and marker.kwargs["reruns"] == 1, marker
-    assert marker.kwargs["condition"] is _session_server_failed_of_a_starved_stub
+    assert marker.kwargs["condition"] is _session_server_hit_a_python_backend_fault
     assert request.node.get_closest_marker("triton") is not None
     triton.load("infra_echo")
     live = current_stubs(triton.server.pid)["infra_echo_0_0"].instance
     taken_for_dead = InferenceServerException(f"[StatusCode.INTERNAL] Stub process '{live}' is not healthy.")
-    assert _session_server_failed_of_a_starved_stub(taken_for_dead)
+    assert _session_server_hit_a_python_backend_fault(taken_for_dead)
     gone = InferenceServerException("[StatusCode.INTERNAL] Stub process 'no_such_model_0_0' is not healthy.")
-    assert not _session_server_failed_of_a_starved_stub(gone)  # a stub that died: a real failure
-    assert not _session_server_failed_of_a_starved_stub(AssertionError("audio differs"))
-    assert not _session_server_failed_of_a_starved_stub(None)
+    assert not _session_server_hit_a_python_backend_fault(gone)  # a stub that died: a real failure
+    assert not _session_server_hit_a_python_backend_fault(AssertionError("audio differs"))
+    assert not _session_server_hit_a_python_backend_fault(None)
 
 
 def server_with_echo_and(tmp_path: Path, name: str, model_py: str) -> RunningTriton:
