@@ -1,13 +1,19 @@
-"""The watchdog (tritontts.triton.watchdog) beside a server whose model is loaded again through model control
-(scripts/triton_server.py reload, an operator): while a python model loads, tritonserver 2.51 runs a stub for the
-model itself, named after it, for its auto_complete_config, and that stub exits by design once the model's
-instances start. The watchdog must not take it for a dead stub and load the model a second time."""
+"""The watchdog (tritontts.triton.watchdog) beside a server whose model loads: while a python model loads,
+tritonserver 2.51 runs a stub for the model itself, named after it, for its auto_complete_config, and that stub
+exits by design once the model's instances start. The watchdog must not take it for a dead stub and load the
+model a second time (loaded again through model control: scripts/triton_server.py reload, an operator); and a
+server that dies while the model loads leaves that stub's pool in /dev/shm for the watchdog's last sweep."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 
+import pytest
 import tritonclient.http as httpclient
 from conftest import echo_shaped_model, start_explicit_server
 from reliability_models import WatchdogProcess
@@ -20,14 +26,16 @@ MODEL = "watchdog_slow_autocomplete"
 AUTOCOMPLETE_S = 3.0
 """long enough for several of the watchdog's polls (every 0.5 s here) to see the model's own stub"""
 
-MODEL_PY = f"""
+
+def _model_py(autocomplete_s: float) -> str:
+    return f"""
 import time
 
 
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(config):
-        time.sleep({AUTOCOMPLETE_S})
+        time.sleep({autocomplete_s})
         return config
 
     def execute(self, requests):
@@ -57,7 +65,7 @@ def _stub_names_while(action, server_pid: int) -> set[str]:
 
 def test_a_model_loaded_again_is_not_taken_for_dead_for_its_own_autocomplete_stub(tmp_path):
     repo = tmp_path / "model_repo"
-    echo_shaped_model(repo, MODEL, MODEL_PY)
+    echo_shaped_model(repo, MODEL, _model_py(AUTOCOMPLETE_S))
     server = start_explicit_server(repo, tmp_path / "tritonserver.log")
     watchdog = None
     try:
@@ -83,3 +91,55 @@ def test_a_model_loaded_again_is_not_taken_for_dead_for_its_own_autocomplete_stu
         if watchdog is not None:
             watchdog.stop()
         server.stop(grace_s=10)
+
+
+def test_a_server_killed_while_a_model_loads_leaves_no_pool_once_the_watchdog_ends(tmp_path):
+    repo = tmp_path / "model_repo"
+    echo_shaped_model(repo, MODEL, _model_py(600))
+    server = start_explicit_server(repo, tmp_path / "tritonserver.log")
+    watchdog = None
+    try:
+        watchdog = WatchdogProcess(server, tmp_path / "events.jsonl")
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
+        threading.Thread(target=_load_until_the_server_dies, args=(client,), daemon=True).start()
+        stub = _load_time_stub(server.pid)
+        time.sleep(1.0)  # two of the watchdog's polls (every 0.5 s here)
+        pool = Path("/dev/shm") / stub.shm_region
+        assert pool.exists()
+        os.kill(server.pid, signal.SIGKILL)
+        try:
+            watchdog.process.wait(timeout=scaled(90.0))  # its last sweep waits for the stub to be gone
+        except subprocess.TimeoutExpired:
+            pytest.fail("the watchdog outlived the server")
+        log = watchdog.log_path.read_text()
+        assert f"model '{MODEL}' is loading (its load-time stub: pid {stub.pid})" in log, log[-2000:]
+        assert not pool.exists(), log[-2000:]
+        assert _gone(stub.pid), "the load-time stub outlived the watchdog"
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        server.stop(grace_s=10)
+
+
+def _load_until_the_server_dies(client: httpclient.InferenceServerClient) -> None:
+    try:
+        client.load_model(MODEL)
+    except Exception:  # the server is killed under the load: what the test does
+        pass
+
+
+def _load_time_stub(server_pid: int):
+    deadline = time.monotonic() + scaled(60.0)
+    while time.monotonic() < deadline:
+        loading = [s for s in list_stubs(server_pid) if not s.runs_an_instance]
+        if loading:
+            return loading[0]
+        time.sleep(0.1)
+    pytest.fail(f"no load-time stub of {MODEL} in 60 s")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

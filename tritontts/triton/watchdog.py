@@ -49,6 +49,7 @@ class Watchdog:
     config: WatchdogConfig
     known: dict[int, Stub] = field(default_factory=dict)  # pid -> a stub seen alive
     missing_since: dict[int, float] = field(default_factory=dict)  # pid of a stub gone -> when noticed
+    loading: dict[int, Stub] = field(default_factory=dict)  # pid -> a model's load-time stub seen, until gone
     dead_regions: list[str] = field(default_factory=list)  # shm pools of dead stubs, removed once unmapped
     events: list[dict] = field(default_factory=list)
     clock: Callable[[], float] = time.monotonic
@@ -67,7 +68,9 @@ class Watchdog:
         stub alive beside the new one of the same instance name (docs/reliability.md), so a name alone would hide a
         new stub's death."""
         now = self.clock()
-        stubs = self.instance_stubs()
+        every_stub = list_stubs(self.config.server_pid)
+        stubs = [s for s in every_stub if s.runs_an_instance]
+        self._follow_load_time_stubs(every_stub)
         live = {s.pid: s for s in stubs}
         for pid in self.known:
             if pid not in live and pid not in self.missing_since:
@@ -88,15 +91,30 @@ class Watchdog:
         self.sweep()
         return sorted(dead)
 
+    def _follow_load_time_stubs(self, every_stub: list[Stub]) -> None:
+        """Keep the load-time stubs seen until they are gone and their pools with them: a server that dies while
+        a model loads leaves that stub's pool behind too, for the last sweep."""
+        alive = {s.pid for s in every_stub}
+        self.loading = {
+            pid: s
+            for pid, s in self.loading.items()
+            if pid in alive or (s.shm_region and os.path.exists(f"/dev/shm/{s.shm_region}"))
+        }
+        for stub in every_stub:
+            if not stub.runs_an_instance and stub.pid not in self.loading:
+                log.info("model '%s' is loading (its load-time stub: pid %d)", stub.model, stub.pid)
+                self.loading[stub.pid] = stub
+
     def sweep(self) -> None:
         """Remove the pools of dead stubs that nothing maps any more."""
         self.dead_regions = [r for r in self.dead_regions if not self._freed(r)]
 
     def final_sweep(self, timeout_s: float = 15.0) -> None:
         """After the server exited: remove every pool of its stubs once nothing maps it. A clean exit removes
-        them itself, but not those of an old instance 2.51 kept (see check) nor any after a crash or SIGKILL;
-        the stubs themselves exit a moment after the server."""
-        self.dead_regions += [s.shm_region for s in self.known.values() if s.shm_region]
+        them itself, but not those of an old instance 2.51 kept (see check) nor any after a crash or SIGKILL, a
+        model's load-time stub's included; the stubs themselves exit a moment after the server."""
+        seen = [*self.known.values(), *self.loading.values()]
+        self.dead_regions += [s.shm_region for s in seen if s.shm_region]
         self.dead_regions = list(dict.fromkeys(self.dead_regions))
         deadline = self.clock() + timeout_s
         self.sweep()
@@ -105,7 +123,7 @@ class Watchdog:
             self.sweep()
         # a stub blocked sending to a killed caller outlives its server (re-parented, holding its pool)
         killed = []
-        for stub in self.known.values():
+        for stub in seen:
             if stub_started(stub.pid) == stub.started:
                 log.error("stub %s (pid %d) outlived tritonserver: killing it", stub.instance, stub.pid)
                 os.kill(stub.pid, signal.SIGKILL)
