@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from tritontts.triton.server import (
     read_pid_file,
     stop_pid_file,
 )
+from tritontts.triton.watchdog import ACTIONS, start_beside
 
 
 def prepare(args: argparse.Namespace) -> int:
@@ -97,13 +97,7 @@ def watchdog_log(config: ServerConfig) -> Path:
 
 def start_watchdog(server: TritonServer, action: str) -> int:
     """tritontts.triton.watchdog beside the server (docs/reliability.md); it ends when the server does."""
-    command = [sys.executable, "-m", "tritontts.triton.watchdog", "--server-pid", str(server.pid)]
-    command += ["--http-url", server.http_url, "--action", action]
-    with open(watchdog_log(server.config), "ab") as log:
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    return process.pid
+    return start_beside(server.pid, server.http_url, action, watchdog_log(server.config))
 
 
 def status(args: argparse.Namespace) -> int:
@@ -174,7 +168,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     start_parser.add_argument(
         "--watchdog",
         default="auto",
-        choices=["auto", "reload", "exit", "off"],
+        choices=[*ACTIONS, "off"],
         help="when a python-backend stub dies (tritonserver 2.51 never restarts it): reload its model "
         "(explicit model control), else stop the server so its readiness turns false (auto); off: no watchdog",
     )

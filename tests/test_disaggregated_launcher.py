@@ -8,9 +8,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from waiting import scaled
 
 from tritontts.triton.bundle import TritonInstall
 from tritontts.triton.disaggregated.cli import get_parser, main, topology_from_args
@@ -291,6 +293,7 @@ class TritonPythonModel:
         marker = Path(json.loads(args["model_config"])["parameters"]["marker"]["string_value"])
         if not marker.exists():  # the first load aborts its tritonserver, as 2.51's stub sometimes does
             marker.write_text("aborted once")
+            time.sleep(3)  # long enough for the server's watchdog (it polls every second) to see this stub
             os.kill(os.getsid(0), signal.SIGABRT)
             time.sleep(30)
 
@@ -317,5 +320,32 @@ def test_a_tritonserver_aborted_while_loading_is_started_once_more(tmp_path):
         first_log = (state_file.parent / "triton_0.log.failed").read_text()
         assert "loading: abort_once:1" in first_log
         assert status(state_file)[0] == 0  # the pid in the state file is the second server's, ready
+        first_watchdog = state_file.parent / "triton_0.log.failed.watchdog"
+        swept = _wait_for_text(first_watchdog, "the shared memory of a dead stub", timeout=60.0)
+        assert swept, f"the aborted server's stub pool was not removed: {first_watchdog.read_text()[-2000:]}"
+        assert "watching" in (state_file.parent / "triton_0.log.watchdog").read_text()
+        watchdog_pid = state["servers"][0]["watchdog_pid"]
     finally:
         stop_all(state_file, grace_s=20, say=said.append)
+    assert _gone_within(watchdog_pid, timeout=60.0), "the watchdog outlived its stopped server"
+
+
+def _wait_for_text(path: Path, text: str, timeout: float) -> bool:
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _gone_within(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.2)
+    return False

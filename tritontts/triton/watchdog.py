@@ -19,12 +19,14 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tritontts.triton.server import answers_ok, is_tritonserver
 from tritontts.triton.stubs import Stub, free_shm_region, is_alive, list_stubs, stub_started
@@ -199,6 +201,19 @@ class Watchdog:
             return False
         log.warning("model '%s' reloaded: new stubs serve it", model)
         return ok
+
+
+def start_beside(server_pid: int, http_url: str, action: str, log_file: Path) -> int:
+    """Start a watchdog process beside the tritonserver `server_pid`, in a session of its own (it outlives the
+    server for its last sweep, and a stop that signals the server's group leaves it be), its output appended to
+    `log_file`; returns its pid."""
+    command = [sys.executable, "-m", "tritontts.triton.watchdog", "--server-pid", str(server_pid)]
+    command += ["--http-url", http_url, "--action", action]
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return process.pid
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ from tritontts.triton.disaggregated.plan import (
     split_args,
 )
 from tritontts.triton.server import LOOPBACK
+from tritontts.triton.watchdog import ACTIONS as WATCHDOG_ACTIONS
 
 PRINTABLE = ("server_addrs", "num_gpus", "model_repo", "llm_url")
 
@@ -101,6 +102,14 @@ def get_parser() -> argparse.ArgumentParser:
         help="more arguments for every tritonserver, shell-quoted; {server} becomes each server's name",
     )
 
+    s.add_argument(
+        "--watchdog",
+        choices=[*WATCHDOG_ACTIONS, "off"],
+        default="auto",
+        help="each tritonserver's watchdog, for a python-backend stub that dies (tritonserver 2.51 never restarts "
+        "it): reload its model (explicit model control), else stop that server (auto); off: none",
+    )
+
     st = commands.add_parser("status", parents=[state], help="whether each process runs and is ready")
     st.add_argument("--print", dest="value", choices=PRINTABLE, default=None, help="print one value only")
     sp = commands.add_parser("stop", parents=[state], help="SIGTERM each, SIGKILL after --grace seconds")
@@ -161,7 +170,13 @@ def run_start(args: argparse.Namespace) -> int:
             install = None
         print(json.dumps(describe(topology, args.state_file.parent, install), indent=2))
         return 0
-    state = start(topology, args.state_file, args.timeout, say=lambda line: print(line, flush=True))
+    state = start(
+        topology,
+        args.state_file,
+        args.timeout,
+        say=lambda line: print(line, flush=True),
+        watchdog=args.watchdog,
+    )
     llm = "" if state["llm"] is None else f"LLM {state['llm']['chat_url']}, "
     print(f"{topology.layout} servers ready: {llm}tritonserver grpc {server_addrs(state['servers'])}")
     return 0

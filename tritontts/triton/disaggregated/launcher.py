@@ -4,6 +4,8 @@
 processes are all gone is stale and replaced. It starts the LLM server (if any) and every tritonserver at once,
 writes the state file (so `stop` finds them even if the launcher dies), waits for the LLM's `/health` and
 each server's `/v2/health/ready`, and on any failure stops everything it started and removes the state file.
+Beside each tritonserver runs a watchdog (tritontts.triton.watchdog, its log `<server log>.watchdog`): a stub that
+dies is never restarted by tritonserver 2.51, and a server that dies leaves its stubs' pools in /dev/shm.
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ from tritontts.triton.bundle import TritonInstall, find_tritonserver
 from tritontts.triton.disaggregated.plan import Topology, describe
 from tritontts.triton.disaggregated.processes import ProcessRef, Spawned, spawn, stop
 from tritontts.triton.server import answers_ok, is_ready, log_tail
+from tritontts.triton.watchdog import start_beside
 
 STATE_VERSION = 1
 POLL_S = 0.3
 EXIT_NOT_RUNNING = 3
 EXIT_DEGRADED = 1
+
+
+def watchdog_log(entry: dict) -> Path:
+    return Path(f"{entry['log']}.watchdog")
 
 
 class LaunchError(RuntimeError):
@@ -103,8 +110,10 @@ def start(
     timeout_s: float = 600.0,
     install: TritonInstall | None = None,
     say: Callable[[str], None] = print,
+    watchdog: str = "auto",
 ) -> dict:
-    """Start the deployment and wait until all of it is ready; returns the state written to `state_file`."""
+    """Start the deployment and wait until all of it is ready; returns the state written to `state_file`.
+    `watchdog`: each tritonserver's watchdog action (auto | reload | exit), or off for none."""
     state_file = Path(state_file)
     run_dir = state_file.parent
     existing = read_state(state_file)
@@ -140,6 +149,10 @@ def start(
                 entry["command"], environments[entry["name"]], Path(entry["log"]), Path(entry["pid_file"])
             )
             entry |= spawned[entry["name"]].ref.to_dict()
+            if watchdog != "off":
+                entry["watchdog_pid"] = start_beside(
+                    entry["pid"], entry["http_url"], watchdog, watchdog_log(entry)
+                )
             write_state(state_file, state)
             return spawned[entry["name"]]
 
@@ -186,6 +199,10 @@ def _wait_ready(
                 stop(member.ref, grace_s=5.0, whole_group=True)  # its stubs
                 failed_log = Path(f"{member.entry['log']}.failed")
                 Path(member.entry["log"]).replace(failed_log)
+                if watchdog_log(
+                    member.entry
+                ).exists():  # its watchdog writes on there, sweeping the dead pools
+                    watchdog_log(member.entry).replace(f"{failed_log}.watchdog")
                 say(
                     f"{member.name} was killed by signal {-code} while loading; starting it again (log: {failed_log})"
                 )
