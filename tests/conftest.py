@@ -117,6 +117,7 @@ class RunningTriton:
         that takes over `timeout` s is reported (a StuckLoad warning with its stubs' stacks), and the server
         starts again and loads the model once more: a token2wav model's initialize hung twice in suite runs."""
         self.module_loads.update(names)
+        self.restart_if_dead()  # a module set up again after the server died under its first setup
         for name in names:
             if name in self.loaded:
                 continue
@@ -153,8 +154,9 @@ class RunningTriton:
     def died_of_a_python_backend_crash(self) -> bool:
         """Whether the server is dead of one of tritonserver 2.51's python-backend crashes under load
         (docs/tests.md): a segmentation fault or abort in TRITONBACKEND_ResponseSend (a late response for a
-        request the backend had failed, having taken its starved stub for unhealthy) or a segmentation fault
-        inside the python backend's TRITONBACKEND_ModelInstanceExecute."""
+        request the backend had failed, having taken its starved stub for unhealthy), a segmentation fault
+        inside the python backend's execute or a BLS request's submission, or the abort on a dead stub's pool
+        lock (python_backend_crash)."""
         log = self.server.config.log_file
         if self.server.process is None or self.server.process.poll() is None or log is None:
             return False
@@ -290,14 +292,19 @@ _SESSION_SERVERS: list[RunningTriton] = []  # the session's server once the `tri
 _PYTHON_BACKEND_CRASH = re.compile(
     r"Signal \((?:11|6)\) received\.(?:\n.*){0,12}TRITONBACKEND_ResponseSend"
     r"|Signal \(11\) received\.(?:\n.*){0,12}TRITONBACKEND_ModelInstanceExecute in \S*/libtriton_python\.so"
+    r"|Signal \(11\) received\.(?:\n.*){0,12}TRITONSERVER_ServerInferAsync in .*\n.*/libtriton_python\.so"
+    r"|lock_exception'\n.*what\(\):  boost::interprocess::lock_exception\nSignal \(6\) received\."
 )
 UNHEALTHY_STUB = re.compile(r"Stub process '([^']+)' is not healthy")
-LOST_CONNECTION = re.compile(r"StatusCode\.UNAVAILABLE|Socket closed|Connection refused|failed to connect")
+LOST_CONNECTION = re.compile(
+    r"StatusCode\.UNAVAILABLE|Socket closed|Connection refused|failed to connect|connection closed"
+)
 
 
 def python_backend_crash(log_text: str) -> bool:
-    """Whether a tritonserver log ends in a segmentation fault or abort inside TRITONBACKEND_ResponseSend, or in
-    a segmentation fault inside the python backend's TRITONBACKEND_ModelInstanceExecute."""
+    """Whether a tritonserver log ends in a segmentation fault or abort inside TRITONBACKEND_ResponseSend, in a
+    segmentation fault inside the python backend's TRITONBACKEND_ModelInstanceExecute or under a BLS request's
+    TRITONSERVER_ServerInferAsync, or in the abort on a dead stub's pool lock (boost::interprocess::lock_exception)."""
     return _PYTHON_BACKEND_CRASH.search(log_text) is not None
 
 

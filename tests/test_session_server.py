@@ -77,10 +77,41 @@ Signal (6) received.
 """
 
 
+# A session server that aborted while loading a model on the 2-core machine (python backend r24.10): a stub had died
+# holding its pool's lock, and the instance's finalize threw on it.
+LOAD_LOCK_ABORT = """I1206 23:48:02.317097 13942 python_be.cc:2249] "TRITONBACKEND_ModelInstanceInitialize: m_0_0 (CPU device 0)"
+terminate called after throwing an instance of 'boost::interprocess::lock_exception'
+  what():  boost::interprocess::lock_exception
+Signal (6) received.
+ 0# 0x000055BE6FD6B52D in /venv/lib/python3.11/site-packages/pytriton/tritonserver/bin/tritonserver
+ 1# 0x00007F612A25A050 in /lib/x86_64-linux-gnu/libc.so.6
+"""
+
+
+# A token2wav tritonserver of the disaggregated test on the 2-core machine (python backend r24.10): a segmentation
+# fault inside the server while the BLS submitted a request to another model.
+INFER_ASYNC_CRASH = """I1207 00:18:57.915880 18254 http_server.cc:362] "Started Metrics Service at 127.0.0.1:38288"
+Signal (11) received.
+ 0# 0x0000558149E5F52D in /venv/lib/python3.11/site-packages/pytriton/tritonserver/bin/tritonserver
+ 1# 0x00007F4F8AE5A050 in /lib/x86_64-linux-gnu/libc.so.6
+ 2# pthread_mutex_lock in /lib/x86_64-linux-gnu/libc.so.6
+ 3# 0x0000558149FF18EF in /venv/lib/python3.11/site-packages/pytriton/tritonserver/bin/tritonserver
+ 4# 0x00007F4F8B91D185 in /venv/lib/python3.11/site-packages/nvidia_pytriton.libs/libtritonserver-717102f0.so
+ 5# TRITONSERVER_ServerInferAsync in /venv/lib/python3.11/site-packages/nvidia_pytriton.libs/libtritonserver-717102f0.so
+ 6# 0x00007F4F85E1FC09 in /venv/lib/python3.11/site-packages/pytriton/tritonserver/backends/python/libtriton_python.so
+"""
+
+
 def test_the_crash_signatures_are_python_backend_faults():
     assert python_backend_crash(RESPONSE_SEND_CRASH)
     assert python_backend_crash(RESPONSE_SEND_ABORT)
     assert python_backend_crash(EXECUTE_CRASH)
+    assert python_backend_crash(LOAD_LOCK_ABORT)
+    assert python_backend_crash(INFER_ASYNC_CRASH)
+    assert not python_backend_crash(LOAD_LOCK_ABORT.replace("lock_exception", "bad_alloc"))
+    assert not python_backend_crash(
+        INFER_ASYNC_CRASH.replace("python/libtriton_python", "onnx/libtriton_onnx")
+    )
     another_backend = EXECUTE_CRASH.replace(
         "backends/python/libtriton_python.so", "backends/onnx/libtriton_onnx.so"
     )
