@@ -8,11 +8,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from waiting import scaled
+from waiting import wait_until
 
 from tritontts.triton.bundle import TritonInstall
 from tritontts.triton.disaggregated.cli import get_parser, main, topology_from_args
@@ -20,6 +19,7 @@ from tritontts.triton.disaggregated.launcher import LaunchError, read_state, sta
 from tritontts.triton.disaggregated.plan import LLMServerPlan, PlanError, PortBases, Topology, parse_gpus
 from tritontts.triton.disaggregated.processes import ProcessRef, spawn, start_ticks
 from tritontts.triton.server import free_ports
+from tritontts.triton.stubs import is_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_MPIRUN = ("mpirun", "-np", "1", "--allow-run-as-root", "--oversubscribe")
@@ -321,31 +321,20 @@ def test_a_tritonserver_aborted_while_loading_is_started_once_more(tmp_path):
         assert "loading: abort_once:1" in first_log
         assert status(state_file)[0] == 0  # the pid in the state file is the second server's, ready
         first_watchdog = state_file.parent / "triton_0.log.failed.watchdog"
-        swept = _wait_for_text(first_watchdog, "the shared memory of a dead stub", timeout=60.0)
-        assert swept, f"the aborted server's stub pool was not removed: {first_watchdog.read_text()[-2000:]}"
+        wait_until(
+            lambda: first_watchdog.read_text() if first_watchdog.exists() else "",
+            lambda text: "the shared memory of a dead stub" in text,
+            "the aborted server's watchdog to remove its stub's pool",
+            timeout=60.0,
+            interval=0.2,
+        )
         assert "watching" in (state_file.parent / "triton_0.log.watchdog").read_text()
         watchdog_pid = state["servers"][0]["watchdog_pid"]
     finally:
         stop_all(state_file, grace_s=20, say=said.append)
-    assert _gone_within(watchdog_pid, timeout=60.0), "the watchdog outlived its stopped server"
-
-
-def _wait_for_text(path: Path, text: str, timeout: float) -> bool:
-    deadline = time.monotonic() + scaled(timeout)
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _gone_within(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + scaled(timeout)
-    while time.monotonic() < deadline:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        except OSError:
-            return True
-        time.sleep(0.2)
-    return False
+    wait_until(
+        lambda: is_alive(watchdog_pid),
+        lambda alive: not alive,
+        "the watchdog to end with its server",
+        timeout=60.0,
+    )

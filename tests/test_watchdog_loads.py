@@ -17,10 +17,10 @@ import pytest
 import tritonclient.http as httpclient
 from conftest import echo_shaped_model, start_explicit_server
 from reliability_models import WatchdogProcess
-from waiting import scaled
+from waiting import scaled, wait_until
 
 from tritontts.triton.reload import reload_with_parameters
-from tritontts.triton.stubs import list_stubs
+from tritontts.triton.stubs import is_alive, list_stubs
 
 MODEL = "watchdog_slow_autocomplete"
 AUTOCOMPLETE_S = 3.0
@@ -102,7 +102,13 @@ def test_a_server_killed_while_a_model_loads_leaves_no_pool_once_the_watchdog_en
         watchdog = WatchdogProcess(server, tmp_path / "events.jsonl")
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
         threading.Thread(target=_load_until_the_server_dies, args=(client,), daemon=True).start()
-        stub = _load_time_stub(server.pid)
+        (stub, *_) = wait_until(
+            lambda: [s for s in list_stubs(server.pid) if not s.runs_an_instance],
+            bool,
+            f"a load-time stub of {MODEL}",
+            timeout=60.0,
+            interval=0.1,
+        )
         time.sleep(1.0)  # two of the watchdog's polls (every 0.5 s here)
         pool = Path("/dev/shm") / stub.shm_region
         assert pool.exists()
@@ -114,7 +120,7 @@ def test_a_server_killed_while_a_model_loads_leaves_no_pool_once_the_watchdog_en
         log = watchdog.log_path.read_text()
         assert f"model '{MODEL}' is loading (its load-time stub: pid {stub.pid})" in log, log[-2000:]
         assert not pool.exists(), log[-2000:]
-        assert _gone(stub.pid), "the load-time stub outlived the watchdog"
+        assert not is_alive(stub.pid), "the load-time stub outlived the watchdog"
     finally:
         if watchdog is not None:
             watchdog.stop()
@@ -126,20 +132,3 @@ def _load_until_the_server_dies(client: httpclient.InferenceServerClient) -> Non
         client.load_model(MODEL)
     except Exception:  # the server is killed under the load: what the test does
         pass
-
-
-def _load_time_stub(server_pid: int):
-    deadline = time.monotonic() + scaled(60.0)
-    while time.monotonic() < deadline:
-        loading = [s for s in list_stubs(server_pid) if not s.runs_an_instance]
-        if loading:
-            return loading[0]
-        time.sleep(0.1)
-    pytest.fail(f"no load-time stub of {MODEL} in 60 s")
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True

@@ -199,10 +199,9 @@ def _wait_ready(
                 stop(member.ref, grace_s=5.0, whole_group=True)  # its stubs
                 failed_log = Path(f"{member.entry['log']}.failed")
                 Path(member.entry["log"]).replace(failed_log)
-                if watchdog_log(
-                    member.entry
-                ).exists():  # its watchdog writes on there, sweeping the dead pools
-                    watchdog_log(member.entry).replace(f"{failed_log}.watchdog")
+                dead_servers_watchdog = watchdog_log(member.entry)
+                if dead_servers_watchdog.exists():  # it writes on there, sweeping the dead stubs' pools
+                    dead_servers_watchdog.replace(f"{failed_log}.watchdog")
                 say(
                     f"{member.name} was killed by signal {-code} while loading; starting it again (log: {failed_log})"
                 )
