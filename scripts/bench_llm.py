@@ -57,7 +57,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hf-gen-len", type=int, help="tokens per transformers run; default --gen-len")
     parser.add_argument("--max-seq-len", type=int, default=2560)
     parser.add_argument("--no-cuda-graphs", action="store_true")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (inductor)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the decode step and the padded prefill (inductor)",
+    )
+    parser.add_argument(
+        "--no-compile-prefill", action="store_true", help="with --compile, leave the padded prefill eager"
+    )
     parser.add_argument(
         "--decode-attention",
         choices=DECODE_ATTENTION,
@@ -94,7 +101,9 @@ def parse_args() -> argparse.Namespace:
         help="the engine's output window: the first id it may output (a token of --model-dir's tokenizer, or an "
         "id; 0: the whole vocabulary). run.sh serves Spark-TTS from <|endoftext|> (151643)",
     )
-    parser.add_argument("--profile", action="store_true", help="kernels of a replayed decode step (CUDA)")
+    parser.add_argument(
+        "--profile", action="store_true", help="kernels of a replayed decode step and prefill graph (CUDA)"
+    )
     parser.add_argument(
         "--reference", action="store_true", help="then run scripts/bench_llm_reference.py (same sizes)"
     )
@@ -284,6 +293,15 @@ def profile_decode(engine: LLMEngine, args, steps: int = 20) -> dict:
             " kernels per step",
             flush=True,
         )
+    widths = [n for n in runner.prefill_lengths if n >= args.prompt_len]
+    if widths and widths[0] in runner.prefill_graphs:
+        width = widths[0]
+        profile = kernels_per_call(runner.prefill_graphs[width].replay, runner.device, calls=steps, top=30)
+        results[f"prefill_{width}"] = profile
+        print(
+            f"profile prefill {width}: {profile['per_call']:.0f} kernels, {profile['ms_per_call']:.3f} ms of kernels",
+            flush=True,
+        )
     return results
 
 
@@ -415,6 +433,7 @@ def main() -> None:
         max_seq_len=args.max_seq_len,
         cuda_graphs=not args.no_cuda_graphs,
         compile=args.compile,
+        compile_prefill=not args.no_compile_prefill,
         max_top_k=args.max_top_k or max(args.top_k, 64),
         decode_attention=args.decode_attention,
         decode_linear=args.decode_linear,

@@ -8,6 +8,7 @@ import torch
 from tritontts.llm.config import Qwen2Config
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.loader import build_model
+from tritontts.llm.model import decoder_layer
 from tritontts.llm.sampling import (
     SamplingBatch,
     apply_repetition_penalty,
@@ -413,6 +414,24 @@ def test_compiled_layers_and_head_give_the_eager_tokens(model):
     compiled = make_engine(model, compile=True, kv_lengths=[16, 32, 64])
     prompts = [MIXED[0], MIXED[2], MIXED[4]]
     assert compiled.generate(prompts, SAMPLED) == make_engine(model).generate(prompts, SAMPLED)
+
+
+@pytest.mark.slow
+def test_compiled_prefill_buckets_give_the_eager_tokens(model):
+    """The padded prefill's layers compiled (one compiled layer, static for the first bucket it meets, its
+    prompt length dynamic after): prompts of 2-6 tokens pad to 8, of 40 and 45 to 48."""
+    buckets = {"max_batch_size": 6, "prefill_lengths": [8, 16, 48], "kv_lengths": [16, 32, 64]}
+    compiled = make_engine(model, compile=True, **buckets)
+    runner, layers = compiled.runner, []
+    prefill_layer = runner.prefill_layer_fn
+    assert prefill_layer is not decoder_layer
+    runner.prefill_layer_fn = lambda *args: layers.append(args[2].shape[1]) or prefill_layer(*args)
+    eager = make_engine(model, **buckets)
+    assert eager.runner.prefill_layer_fn is decoder_layer
+    assert compiled.generate(MIXED, SAMPLED) == eager.generate(MIXED, SAMPLED)
+    assert set(layers) == {8, 48}
+    uncompiled_prefill = make_engine(model, compile=True, compile_prefill=False, **buckets)
+    assert uncompiled_prefill.runner.prefill_layer_fn is decoder_layer
 
 
 NO_TOP_K = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=77)

@@ -21,6 +21,7 @@ returns the stream and its own MLP output, so that one compiled layer serves all
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -410,17 +411,18 @@ class Qwen2ForCausalLM(nn.Module):
         lengths: torch.Tensor | None = None,
         fresh: bool = False,
         output_start: int = 0,
+        layer: Callable[..., tuple[torch.Tensor, torch.Tensor]] = decoder_layer,
     ) -> torch.Tensor:
         """fp32 logits `[B, V]` of the last position (or `[B, L, V]` of all) for `input_ids [B, L]`; with
         `output_start`, of vocabulary rows `output_start..` only (`V` is then the vocabulary minus it).
 
         With `lengths [B]` (right padding), the last position of row b is `lengths[b] - 1`. `fresh`: a
         prefill from position 0, attending only to its own tokens; `slots` may then be a `[B]` tensor of
-        cache rows.
+        cache rows. `layer`: `decoder_layer` or a compiled function of it.
         """
         ctx = self.context(input_ids, positions, slots, kv_len, lengths, fresh)
         shape = self.layer_shape
         x, delta = self.model.embed_tokens(input_ids), None
-        for i, layer in enumerate(self.model.layers):
-            x, delta = decoder_layer(shape, layer.weights(), x, delta, k_caches[i], v_caches[i], ctx)
+        for i, block in enumerate(self.model.layers):
+            x, delta = layer(shape, block.weights(), x, delta, k_caches[i], v_caches[i], ctx)
         return self.head(x, delta, lengths, last_only, output_start)

@@ -9,7 +9,8 @@ layer (its weights are arguments) and the key length stays a dynamic size, so co
 batch bucket rather than the whole model per graph.
 
 Prefill: a prompt no longer than the largest prefill bucket is right-padded to the next bucket and runs
-alone through that bucket's forward + sampling, captured once as a CUDA graph that reads its cache row, ids
+alone through that bucket's forward + sampling (its layers compiled with the decode step's, one compiled layer
+whose prompt length is dynamic), captured once as a CUDA graph that reads its cache row, ids
 and length from static buffers (one graph serves every slot). Longer prompts are right-padded together into
 eager forwards (several when their padded size passes `max_prefill_tokens`). Padding is masked either way.
 """
@@ -47,6 +48,12 @@ class PendingTokens:
         return self.host.tolist()
 
 
+def prefill_layer(*args) -> tuple[torch.Tensor, torch.Tensor]:
+    """`decoder_layer` under its own code object: compiled for prefill, its cache of compiled variants (prompt
+    length dynamic) stays apart from the decode steps' (static sizes, one per batch bucket)."""
+    return decoder_layer(*args)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -64,6 +71,7 @@ class ModelRunner:
         decode_linear: str = "auto",
         top_k_kernel: str = "auto",
         output_tokens_from: int = 0,
+        compile_prefill: bool = True,
     ):
         """`output_tokens_from`: the first vocabulary id the model may output; the head computes only the rows
         from it on (a speech LLM whose outputs all follow its text vocabulary reads a fraction of the head's
@@ -71,7 +79,8 @@ class ModelRunner:
         prompt lengths prefilled one prompt at a time (default `prefill_buckets` where CUDA graphs are
         captured, none elsewhere; pass some on CPU to run the same padded path eagerly).
         `decode_attention`, `decode_linear`, `top_k_kernel`: "auto", "torch" or "triton" (see
-        `resolve_decode_attention`).
+        `resolve_decode_attention`). `compile_prefill`: with `compile`, the padded prefill's layers run compiled too
+        (one compiled layer, its prompt length dynamic after the first bucket).
 
         Decode samples among `max_top_k` candidates (the whole vocabulary when smaller). When every running
         request wants at most SMALL_TOP_K (greedy ones want one), a step selects only that many, the rest
@@ -142,6 +151,7 @@ class ModelRunner:
         self.logits_fn = self._sampling_logits
         self.advance_fn = self._advance
         self.inputs_fn = self._decode_inputs
+        self.prefill_layer_fn = decoder_layer
         if compile:
             limit = 8 * len(self.buckets) + 16
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
@@ -151,6 +161,8 @@ class ModelRunner:
             self.inputs_fn = torch.compile(
                 self._decode_inputs, fullgraph=True
             )  # sizes go dynamic on recompiles
+            if compile_prefill:
+                self.prefill_layer_fn = torch.compile(prefill_layer, fullgraph=True)
         self.pad_to_bucket = cuda_graphs or compile
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -250,6 +262,7 @@ class ModelRunner:
             lengths=self.prefill_length,
             fresh=True,
             output_start=self.output_start,
+            layer=self.prefill_layer_fn,
         )
         state = self.state.take(self.prefill_slot)
         self.prefill_token.copy_(sample(logits, state, self.max_top_k, self.output_start))
