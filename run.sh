@@ -113,8 +113,8 @@ token2wav_dtype=auto                # flow dtype: auto | float32 | float16 | bfl
 token2wav_cuda_graphs=auto          # replay the flow decoder and the vocoder (HiFT) from CUDA graphs: auto (on CUDA) | true | false
 token2wav_compile=auto              # the flow estimator inside those graphs compiled by torch.compile (minutes at the first load, then cached on disk; H100, CosyVoice2-DiT: 44% fewer kernels a chunk, first chunk p50 64 -> 51 ms at c=1, 791 -> 452 ms at c=16): auto (where there are graphs, on CUDA) | true | false
 token2wav_graph_batch_sizes=auto   # concurrent token2wav calls (of different streams) one graphed flow call takes: auto (1,2,4,8; cosyvoice2_dit 1: its batched graphs need a 17 GiB pool on an H100, and within the 4 GiB limit they mostly run uncaptured and slower) | a list such as 1,2,4
-token2wav_first_chunks_first=true  # stage 2, CosyVoice families: true (token2wav makes and answers the streams' first chunks of a batch before its later chunks) | queue (a worker runs every waiting first chunk before the next group of later calls; with the voice prefix cache on an H100: first audio at c=16 11% sooner, at c=1 5 ms later, one pass) | false; docs/gpu-hosts.md#first-chunks-first-in-a-batch
-token2wav_voice_prefix_gib=0        # stage 2, cosyvoice2: GiB of flow prefixes its token2wav keeps, 0 = off: streamed calls decode only the frames after their voice's stable prompt chunks, made once per voice (measured with queue on an H100, one pass); docs/gpu-hosts.md#voice-prefix-cache
+token2wav_first_chunks_first=auto  # stage 2, CosyVoice families: true (token2wav makes and answers the streams' first chunks of a batch before its later chunks) | queue (a worker runs every waiting first chunk before the next group of later calls) | false; auto: queue for cosyvoice2 on a GPU host (H100, WebSocket bistream at c=16 with the voice prefix cache: first audio p50 346 and 340 ms against 380 and 409 with true and no prefixes, two passes), else true; docs/gpu-hosts.md#first-chunks-first-in-a-batch
+token2wav_voice_prefix_gib=auto     # stage 2, cosyvoice2: GiB of flow prefixes its token2wav keeps, 0 = off: streamed calls decode only the frames after their voice's stable prompt chunks, made once per voice; auto: 4 on a GPU host (token2wav not on the CPU), else 0; docs/gpu-hosts.md#voice-prefix-cache
 token2wav_instance_num=1            # cosyvoice2(_dit): token2wav instances; streaming with more than 1 routes each stream to one by Triton's sequence batcher
 speaker_embedding_instance_num=1    # CAMPPlus instances (the audio tokenizer's: audio_tokenizer_instance_num)
 onnx_threads=1                      # cosyvoice2/3: intra-op CPU threads of each speech tokenizer and CAMPPlus instance (upstream: 1)
@@ -246,8 +246,8 @@ case "$build_python_stub" in auto|true|false) ;; *) echo "run.sh: --build_python
 case "$disagg_start" in true|false) ;; *) echo "run.sh: --disagg_start must be true or false" >&2; exit 2 ;; esac
 case "$cuda_mps" in true|false) ;; *) echo "run.sh: --cuda_mps must be true or false" >&2; exit 2 ;; esac
 case "$first_chunk_priority" in true|false) ;; *) echo "run.sh: --first_chunk_priority must be true or false" >&2; exit 2 ;; esac
-case "$token2wav_first_chunks_first" in true|queue|false) ;; *) echo "run.sh: --token2wav_first_chunks_first must be true, queue or false" >&2; exit 2 ;; esac
-[[ "$token2wav_voice_prefix_gib" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "run.sh: --token2wav_voice_prefix_gib must be 0 (off) or a number of GiB, got '$token2wav_voice_prefix_gib'" >&2; exit 2; }
+case "$token2wav_first_chunks_first" in auto|true|queue|false) ;; *) echo "run.sh: --token2wav_first_chunks_first must be auto, true, queue or false" >&2; exit 2 ;; esac
+[[ "$token2wav_voice_prefix_gib" =~ ^(auto|[0-9]+([.][0-9]+)?)$ ]] || { echo "run.sh: --token2wav_voice_prefix_gib must be auto, 0 (off) or a number of GiB, got '$token2wav_voice_prefix_gib'" >&2; exit 2; }
 case "$llm_compile" in auto|true|false) ;; *) echo "run.sh: --llm_compile must be auto, true or false" >&2; exit 2 ;; esac
 [[ "$bls_instance_num" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --bls_instance_num must be auto or a positive integer" >&2; exit 2; }
 case "$gpu_layout" in servers|instances) ;; *) echo "run.sh: --gpu_layout must be servers or instances, not '$gpu_layout'" >&2; exit 2 ;; esac
@@ -272,6 +272,15 @@ serving_autos=()
 if [ "$llm_compile" = auto ]; then llm_compile=$gpu_host; serving_autos+=("--llm_compile $llm_compile"); fi
 if [ "$bls_instance_num" = auto ]; then
   bls_instance_num=$([ "$gpu_host" = true ] && echo 16 || echo 4); serving_autos+=("--bls_instance_num $bls_instance_num")
+fi
+token2wav_on_gpu=$([ "$gpu_host" = true ] && [ "$model_device" != cpu ] && [ "$model" = cosyvoice2 ] && echo true || echo false)
+if [ "$token2wav_first_chunks_first" = auto ]; then
+  token2wav_first_chunks_first=$([ "$token2wav_on_gpu" = true ] && echo queue || echo true)
+  [ "$model" != cosyvoice2 ] || serving_autos+=("--token2wav_first_chunks_first $token2wav_first_chunks_first")
+fi
+if [ "$token2wav_voice_prefix_gib" = auto ]; then
+  token2wav_voice_prefix_gib=$([ "$token2wav_on_gpu" = true ] && echo 4 || echo 0)
+  [ "$model" != cosyvoice2 ] || serving_autos+=("--token2wav_voice_prefix_gib $token2wav_voice_prefix_gib")
 fi
 [[ "$server_cpu_threads" =~ ^(auto|[0-9]+)$ ]] || { echo "run.sh: --server_cpu_threads must be auto or a number of threads (0: the environment's)" >&2; exit 2; }
 [[ "$server_malloc_arena_max" =~ ^[0-9]+$ ]] || { echo "run.sh: --server_malloc_arena_max must be a number of arenas (0: the environment's)" >&2; exit 2; }

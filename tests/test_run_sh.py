@@ -211,8 +211,8 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("llm_decode_attention", "auto"),
         ("llm_decode_linear", "auto"),
         ("token2wav_compile", "auto"),
-        ("token2wav_first_chunks_first", "true"),
-        ("token2wav_voice_prefix_gib", "0"),
+        ("token2wav_first_chunks_first", "auto"),
+        ("token2wav_voice_prefix_gib", "auto"),
     ):
         assert f"\n  --{option} [{default}]" in done.stdout
 
@@ -237,11 +237,11 @@ def test_help_lists_the_cosyvoice2_knobs():
         ),
         (
             ["--model", "cosyvoice2", "--token2wav_first_chunks_first", "yes"],
-            "--token2wav_first_chunks_first must be true, queue or false",
+            "--token2wav_first_chunks_first must be auto, true, queue or false",
         ),
         (
             ["--model", "cosyvoice2", "--token2wav_voice_prefix_gib", "-1"],
-            "--token2wav_voice_prefix_gib must be 0 (off) or a number of GiB",
+            "--token2wav_voice_prefix_gib must be auto, 0 (off) or a number of GiB",
         ),
     ],
 )

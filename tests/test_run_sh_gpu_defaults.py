@@ -1,5 +1,7 @@
 """run.sh's serving defaults follow the host: `--llm_compile auto` and `--bls_instance_num auto` are true and 16
-where nvidia-smi exists and the LLM is not on the CPU (the layout every GPU measurement used), false and 4 elsewhere."""
+where nvidia-smi exists and the LLM is not on the CPU (the layout every GPU measurement used), false and 4 elsewhere;
+CosyVoice2's token2wav answers first chunks from a queue and keeps 4 GiB of voice prefixes there, unless it runs on
+the CPU."""
 
 from __future__ import annotations
 
@@ -30,6 +32,37 @@ def stage_2(tmp_path: Path, options: list[str], gpu: bool) -> subprocess.Complet
         (["--llm_device", "cpu"], True, "this CPU host: --llm_compile false --bls_instance_num 4 (auto)"),
         (["--bls_instance_num", "64"], True, "serving defaults for a GPU host: --llm_compile true (auto)"),
         (["--llm_compile", "false", "--bls_instance_num", "8"], True, None),
+        (
+            ["--model", "cosyvoice2"],
+            True,
+            "a GPU host: --llm_compile true --bls_instance_num 16 --token2wav_first_chunks_first queue"
+            " --token2wav_voice_prefix_gib 4 (auto)",
+        ),
+        (
+            [
+                "--model",
+                "cosyvoice2",
+                "--model_device",
+                "cpu",
+                "--llm_compile",
+                "true",
+                "--bls_instance_num",
+                "8",
+            ],
+            True,
+            "a GPU host: --token2wav_first_chunks_first true --token2wav_voice_prefix_gib 0 (auto)",
+        ),
+        (
+            ["--model", "cosyvoice2"],
+            False,
+            "this CPU host: --llm_compile false --bls_instance_num 4 --token2wav_first_chunks_first true"
+            " --token2wav_voice_prefix_gib 0 (auto)",
+        ),
+        (
+            ["--model", "cosyvoice2", "--token2wav_first_chunks_first", "true"],
+            True,
+            "--token2wav_voice_prefix_gib 4 (auto)",
+        ),
     ],
 )
 def test_auto_serving_defaults_follow_the_host(tmp_path, options, gpu, expected):
@@ -47,6 +80,16 @@ def test_auto_serving_defaults_follow_the_host(tmp_path, options, gpu, expected)
     [
         ("--llm_compile", "yes", "--llm_compile must be auto, true or false"),
         ("--bls_instance_num", "0", "--bls_instance_num must be auto or a positive integer"),
+        (
+            "--token2wav_first_chunks_first",
+            "first",
+            "--token2wav_first_chunks_first must be auto, true, queue or false",
+        ),
+        (
+            "--token2wav_voice_prefix_gib",
+            "lots",
+            "--token2wav_voice_prefix_gib must be auto, 0 (off) or a number",
+        ),
     ],
 )
 def test_a_bad_value_exits_2_naming_the_option(tmp_path, option, value, message):
