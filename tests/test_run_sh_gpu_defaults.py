@@ -80,16 +80,6 @@ def test_auto_serving_defaults_follow_the_host(tmp_path, options, gpu, expected)
     [
         ("--llm_compile", "yes", "--llm_compile must be auto, true or false"),
         ("--bls_instance_num", "0", "--bls_instance_num must be auto or a positive integer"),
-        (
-            "--token2wav_first_chunks_first",
-            "first",
-            "--token2wav_first_chunks_first must be auto, true, queue or false",
-        ),
-        (
-            "--token2wav_voice_prefix_gib",
-            "lots",
-            "--token2wav_voice_prefix_gib must be auto, 0 (off) or a number",
-        ),
     ],
 )
 def test_a_bad_value_exits_2_naming_the_option(tmp_path, option, value, message):

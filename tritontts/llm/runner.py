@@ -9,8 +9,8 @@ layer (its weights are arguments) and the key length stays a dynamic size, so co
 batch bucket rather than the whole model per graph.
 
 Prefill: a prompt no longer than the largest prefill bucket is right-padded to the next bucket and runs
-alone through that bucket's forward + sampling (its layers compiled with the decode step's, one compiled layer
-whose prompt length is dynamic), captured once as a CUDA graph that reads its cache row, ids
+alone through that bucket's forward + sampling (under torch.compile its layers run as one compiled layer of
+their own, whose prompt length is dynamic), captured once as a CUDA graph that reads its cache row, ids
 and length from static buffers (one graph serves every slot). Longer prompts are right-padded together into
 eager forwards (several when their padded size passes `max_prefill_tokens`). Padding is masked either way.
 """
