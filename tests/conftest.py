@@ -44,6 +44,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from tritontts.triton.server import ServerConfig, ServerError, TritonServer, free_ports
 from tritontts.triton.stubs import free_shm_region, list_stubs, stubs_serving
 
+pytest_plugins = ["peak_memory"]
+
 TRITON_MODELS_DIR = Path(__file__).parent / "triton_models"
 SERVER_MALLOC_ARENAS = "2"  # run.sh --server_malloc_arena_max's default
 UNLOAD_BELOW_AVAILABLE_GIB = float(os.environ.get("TRITONTTS_TEST_UNLOAD_BELOW_GIB", "10"))
