@@ -7,8 +7,9 @@ buffer (never a sliced view of it), so that torch.compile updates the cache in p
 
 A batched prefill right-pads its prompts and passes their `lengths [B]`: padding neither writes the cache
 nor is attended to, and the logits are those of each row's last real position. A prefill from position 0
-(`fresh`) attends to its own keys and values rather than reading them back from the cache, and may name its
-cache rows with a tensor, so that one CUDA graph serves every slot.
+(`fresh`) attends to its own keys and values rather than reading them back from the cache, causally in SDPA's
+fused kernel (right padding comes after every real query, so it needs no mask), and may name its cache rows with
+a tensor, so that one CUDA graph serves every slot.
 
 A decode step (one token per row, reading the cache) may instead take the fused Triton kernel of
 `tritontts.llm.decode_attention` (`LayerShape.decode_attention`), which reads each row's first
@@ -134,6 +135,17 @@ def fused_decode_attention(
     )
 
 
+def fresh_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of a prefill from position 0 over its own keys, `q [B, L, heads, dim]`, `k`, `v`
+    `[B, L, kv_heads, dim]`: one fused kernel instead of the written-out `attention`, whose masked softmax grows
+    with the square of the prompt."""
+    batch, length, heads, dim = q.shape
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(1, 2).reshape(batch, length, heads * dim)
+
+
 def attention_block(
     shape: LayerShape,
     qkv: torch.Tensor,
@@ -158,11 +170,10 @@ def attention_block(
     k_cache[ctx.rows, :, ctx.positions] = new_k
     v_cache[ctx.rows, :, ctx.positions] = new_v
     q = apply_rope(q.view(batch, length, heads, dim), ctx.cos, ctx.sin)
-    if ctx.slots is None:  # a fresh prefill: its keys are all there is (padding is masked)
-        keys, values = k.transpose(1, 2), v.transpose(1, 2)
-    else:
-        kv_len = ctx.blocked.shape[-1]  # a size, not an int argument: torch.compile may keep it dynamic
-        keys, values = k_cache[ctx.slots, :, :kv_len], v_cache[ctx.slots, :, :kv_len]
+    if ctx.slots is None:
+        return fresh_prefill_attention(q, k, v)
+    kv_len = ctx.blocked.shape[-1]  # a size, not an int argument: torch.compile may keep it dynamic
+    keys, values = k_cache[ctx.slots, :, :kv_len], v_cache[ctx.slots, :, :kv_len]
     # Grouped-query attention without copying the cache: the query heads that share a KV head become
     # extra query rows of that head.
     q = q.view(batch, length, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
