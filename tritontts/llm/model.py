@@ -93,8 +93,8 @@ class Context:
     sin: torch.Tensor
     positions: torch.Tensor  # [B, L]
     blocked: (
-        torch.Tensor
-    )  # [B, 1, groups * L or 1, keys]: keys no query may see; keys = cached positions read
+        torch.Tensor | None
+    )  # [B, 1, groups * L or 1, keys]: keys no query may see; keys = cached positions read (None: fresh)
     rows: torch.Tensor  # [B, 1] cache rows written
     slots: slice | None  # cache rows read (None for a fresh prefill)
     real: torch.Tensor | None  # [B, L, 1, 1] for right-padded prompts
@@ -384,16 +384,19 @@ class Qwen2ForCausalLM(nn.Module):
             rows = slots.view(-1, 1)
         else:
             rows = self.index[slots].unsqueeze(1)
-        keys = self.index[: length if fresh else kv_len]
-        blocked = keys > positions.unsqueeze(-1)
         real = None
         if lengths is not None:
-            blocked = blocked | (keys >= lengths.view(-1, 1, 1))
             real = (self.index[:length] < lengths.unsqueeze(1)).view(*input_ids.shape, 1, 1)
+        if fresh:  # SDPA's causal mask is all a fresh prefill needs (fresh_prefill_attention)
+            return Context(cos, sin, positions, None, rows, None, real)
+        keys = self.index[:kv_len]
+        blocked = keys > positions.unsqueeze(-1)
+        if lengths is not None:
+            blocked = blocked | (keys >= lengths.view(-1, 1, 1))
         blocked = blocked.unsqueeze(1)  # [B, 1, L, keys]
         if length > 1:  # query rows are (group, position): one row of the mask per row
             blocked = blocked.unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(2, 3)
-        return Context(cos, sin, positions, blocked, rows, None if fresh else slots, real)
+        return Context(cos, sin, positions, blocked, rows, slots, real)
 
     def head(
         self,
