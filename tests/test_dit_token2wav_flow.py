@@ -29,8 +29,9 @@ from tolerance import max_error, within
 from tritontts.checkpoint import CheckpointError
 from tritontts.cosyvoice2.config import EncoderConfig
 from tritontts.cosyvoice2.hift import HiFT, load_hift
+from tritontts.dit_token2wav.cfm import EstimatorCache
 from tritontts.dit_token2wav.config import DiTConfig, DiTFlowConfig, dit_flow_config_from_text
-from tritontts.dit_token2wav.flow import FLOW_FILE, DiTFlow, FlowCache, load_dit_flow
+from tritontts.dit_token2wav.flow import FLOW_FILE, DiTFlow, FlowCache, FlowChunk, load_dit_flow
 from tritontts.dit_token2wav.token2wav import hift_config_of
 from tritontts.spark.config import ConfigError
 from tritontts.synthetic.dit_token2wav import (
@@ -214,6 +215,53 @@ def test_setup_cache_and_chunks_match_upstream(flow: DiTFlow) -> None:
             assert cache.estimator.frames == prompt_frames + ESTIMATOR_CACHE_TAIL  # the trim happened
             for name, tensor in _packed(cache).items():
                 within(f"{name} sum", max_error(tensor.sum(-1), GOLDEN[f"cache_{name}_sum"]), CACHE_SUM_BOUND)
+
+
+@pytest.mark.parametrize(
+    ("chunk", "cached", "head", "tail"),
+    [
+        (3, 5, 2, 4),
+        (3, 5, 4, 2),
+        (3, 5, 1, 1),
+        (3, 5, 0, 6),
+        (3, 5, 6, 0),
+        (2, 3, 3, 4),
+        (0, 9, 2, 3),
+        (4, 0, 1, 2),
+    ],
+)
+def test_extending_with_a_key_window_is_extending_then_trimming(
+    chunk: int, cached: int, head: int, tail: int
+) -> None:
+    generator = torch.Generator().manual_seed(chunk * 100 + cached)
+
+    def cache(frames: int) -> EstimatorCache:
+        cnn = torch.randn(2, 3, 2, 4, 2, generator=generator)
+        return EstimatorCache(cnn, torch.randn(2, 3, 2, 2, frames, 6, generator=generator))
+
+    before, own = cache(cached), cache(chunk)
+    expected = before.extended(own).trimmed(head, tail)
+    got = before.extended(own, (head, tail))
+    assert got.att.shape == expected.att.shape
+    assert torch.equal(got.att, expected.att) and torch.equal(got.cnn, expected.cnn)
+
+
+def test_chunks_with_a_key_window_keep_the_trimmed_caches(flow: DiTFlow) -> None:
+    """The stream's path (FlowChunk.keep, one copy) against `inference_chunk` then `trimmed`: the same
+    mels and caches, bit for bit."""
+    embedding = _tensor("embedding")
+    window = (2 * len(GOLDEN["prompt_tokens"]), ESTIMATOR_CACHE_TAIL)
+    start = flow.setup_cache(_setup_tokens(), _tensor("prompt_mel"), embedding)
+    trimmed, kept = start, start
+    for begin, end, last in GOLDEN["chunks"]:
+        tokens = torch.from_numpy(GOLDEN["target"][begin:end])[None]
+        mel, trimmed = flow.inference_chunk(tokens, embedding, trimmed, last_chunk=bool(last))
+        trimmed = trimmed.trimmed(*window)
+        [(kept_mel, kept)] = flow.inference_chunks([FlowChunk(tokens, embedding, kept, bool(last), window)])
+        assert torch.equal(mel, kept_mel)
+        assert torch.equal(trimmed.estimator.att, kept.estimator.att)
+        assert torch.equal(trimmed.estimator.cnn, kept.estimator.cnn)
+    assert kept.estimator.frames == sum(window)
 
 
 @pytest.fixture(scope="module")

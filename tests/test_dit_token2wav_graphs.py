@@ -14,7 +14,7 @@ import torch
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.dit_token2wav import DiTToken2Wav
 from tritontts.dit_token2wav.cfm import EstimatorCache
-from tritontts.dit_token2wav.flow import DiTFlow, load_dit_flow
+from tritontts.dit_token2wav.flow import DiTFlow, FlowChunk, load_dit_flow
 from tritontts.dit_token2wav.graphs import DiTFlowGraphConfig, FlowRow, GraphedDiTCFM
 from tritontts.synthetic.dit_token2wav import write_dit_token2wav
 
@@ -123,8 +123,8 @@ def test_offline_calls_batched_in_one_call_equal_each_alone(flow: DiTFlow) -> No
 
 
 def test_a_stream_through_the_padded_decoder_follows_the_eager_one(flow: DiTFlow) -> None:
-    """Prompt, then chunks whose caches are trimmed as DiTToken2Wav.stream does (prompt frames + the last
-    100): every chunk's mel and the last cache as the eager flow makes them."""
+    """Prompt, then chunks whose caches are cut as DiTToken2Wav.stream does (prompt frames + the last 100, in
+    the padded decoder's copy): every chunk's mel and the last cache as the eager flow trimmed after it."""
     gen = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, 6561, (1, 30), generator=gen)
     prompt_mel = torch.randn(1, 60, 80, generator=gen)
@@ -132,19 +132,24 @@ def test_a_stream_through_the_padded_decoder_follows_the_eager_one(flow: DiTFlow
     target = torch.randint(0, 6561, (1, 90), generator=gen)
     chunks = [(0, 28, False), (25, 53, False), (50, 78, False), (75, 90, True)]
 
-    def stream() -> tuple[list[torch.Tensor], EstimatorCache]:
+    def stream(windowed: bool) -> tuple[list[torch.Tensor], EstimatorCache]:
+        """windowed: the caches cut in the flow's copy (FlowChunk.keep), else by `trimmed` after it."""
         cache = flow.setup_cache(torch.cat([prompt, prompt[:, :3]], dim=1), prompt_mel, embedding)
         mels = []
         for start, end, last in chunks:
-            mel, cache = flow.inference_chunk(target[:, start:end], embedding, cache, last)
-            cache = cache.trimmed(60, 100)
+            tokens = target[:, start:end]
+            if windowed:
+                [(mel, cache)] = flow.inference_chunks([FlowChunk(tokens, embedding, cache, last, (60, 100))])
+            else:
+                mel, cache = flow.inference_chunk(tokens, embedding, cache, last)
+                cache = cache.trimmed(60, 100)
             mels.append(mel)
         return mels, cache.estimator
 
-    expected_mels, expected_cache = stream()
+    expected_mels, expected_cache = stream(windowed=False)
     flow.graphed_decoder = GraphedDiTCFM(flow.decoder, STEPS, CONFIG)
     try:
-        mels, cache = stream()
+        mels, cache = stream(windowed=True)
         calls = flow.graphed_decoder.calls
     finally:
         flow.graphed_decoder = None

@@ -22,6 +22,32 @@ NOISE_FRAMES = 50 * 600
 SCHEDULER = "cosine"
 
 
+KeyWindow = tuple[int, int]
+"""(head, tail): a stream keeps the first `head` and the last `tail` key frames of its estimator cache."""
+
+
+def frames_between(parts: list[Tensor], start: int, end: int) -> list[Tensor]:
+    """Views of key frames [start, end) of `parts` laid end to end along the frame axis (4)."""
+    views, offset = [], 0
+    for part in parts:
+        length = part.shape[4]
+        low, high = max(start - offset, 0), min(end - offset, length)
+        if low < high:
+            views.append(part[:, :, :, :, low:high])
+        offset += length
+    return views
+
+
+def kept_frames(parts: list[Tensor], keep: KeyWindow | None) -> list[Tensor]:
+    """The views of `parts` (end to end) that `keep` leaves: all of them while they hold at most head + tail
+    frames, else the first head and the last tail."""
+    total = sum(part.shape[4] for part in parts)
+    if keep is None or total <= sum(keep):
+        return parts
+    head, tail = keep
+    return frames_between(parts, 0, head) + frames_between(parts, total - tail, total)
+
+
 @dataclass(frozen=True)
 class EstimatorCache:
     """One DiT cache per Euler step, stacked: what the next chunk's step i attends to."""
@@ -39,12 +65,12 @@ class EstimatorCache:
         """Keep the first `head` and the last `tail` key frames once there are more than head + tail."""
         if self.frames <= head + tail:
             return self
-        att = torch.cat([self.att[:, :, :, :, :head], self.att[:, :, :, :, -tail:]], dim=4)
-        return EstimatorCache(self.cnn, att)
+        return EstimatorCache(self.cnn, torch.cat(kept_frames([self.att], (head, tail)), dim=4))
 
-    def extended(self, chunk: EstimatorCache) -> EstimatorCache:
-        """The cache after a chunk whose own entries are `chunk`: its convolution inputs, its keys first."""
-        return EstimatorCache(chunk.cnn, torch.cat([chunk.att, self.att], dim=4))
+    def extended(self, chunk: EstimatorCache, keep: KeyWindow | None = None) -> EstimatorCache:
+        """The cache after a chunk whose own entries are `chunk`: its convolution inputs, its keys first; with
+        `keep`, trimmed as `trimmed(*keep)` in the same copy (one allocation of the kept frames, not two)."""
+        return EstimatorCache(chunk.cnn, torch.cat(kept_frames([chunk.att, self.att], keep), dim=4))
 
 
 class DiTCFM(nn.Module):
@@ -131,12 +157,14 @@ class DiTCFM(nn.Module):
         cond: Tensor,
         n_timesteps: int = 10,
         cache: EstimatorCache | None = None,
+        keep: KeyWindow | None = None,
     ) -> tuple[Tensor, EstimatorCache]:
-        """mu, cond [1, 80, T] of the frames after the cached ones → (mel [1, 80, T], the cache after them)."""
+        """mu, cond [1, 80, T] of the frames after the cached ones → (mel [1, 80, T], the cache after them,
+        its keys cut to `keep`)."""
         cache = self.checked_cache(cache, mu, n_timesteps)
         x = self.noise(cache.frames, mu.size(2), mu.dtype)
         x, entries = self.solve(x, mu, spks, cond, n_timesteps, cache)
-        return x, cache.extended(entries)
+        return x, cache.extended(entries, keep)
 
     def checked_cache(self, cache: EstimatorCache | None, mu: Tensor, n_timesteps: int) -> EstimatorCache:
         """`cache`, or the empty one (no frame yet) for None, once it has one entry per step."""

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from tritontts.checkpoint import build_and_load
 from tritontts.conv_gemm import pack_convs
 from tritontts.cuda_graphs import CaptureReport, FlowGraphConfig
-from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
+from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache, KeyWindow
 from tritontts.dit_token2wav.config import DiTFlowConfig, load_dit_flow_config
 from tritontts.dit_token2wav.dit import DiT
 from tritontts.dit_token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
@@ -65,12 +65,14 @@ class FlowUtterance:
 @dataclass(frozen=True)
 class FlowChunk:
     """One streamed chunk: tokens int [1, T] (the last `pre_lookahead_len` look-ahead unless `last_chunk`),
-    the speaker x-vector [1, spk_embed_dim] and the cache it continues."""
+    the speaker x-vector [1, spk_embed_dim], the cache it continues and the estimator key frames the cache
+    after it keeps (`KeyWindow`; None: all)."""
 
     tokens: Tensor
     embedding: Tensor
     cache: FlowCache
     last_chunk: bool = False
+    keep: KeyWindow | None = None
 
 
 class DiTFlow(nn.Module):
@@ -167,13 +169,20 @@ class DiTFlow(nn.Module):
         return [row if isinstance(row, ValueError) else next(mels).float() for row in encoded]
 
     def _encode_chunk(
-        self, tokens: Tensor, spks: Tensor, cond: Tensor | None, last_chunk: bool, cache: FlowCache | None
+        self,
+        tokens: Tensor,
+        spks: Tensor,
+        cond: Tensor | None,
+        last_chunk: bool,
+        cache: FlowCache | None,
+        keep: KeyWindow | None = None,
     ) -> tuple[FlowRow, EncoderCache]:
         x = self.input_embedding(tokens)
         h, encoder_cache = self.encoder.forward_chunk(x, last_chunk, None if cache is None else cache.encoder)
         mu = self.encoder_proj(h).transpose(1, 2).contiguous()
         cond = torch.zeros_like(mu) if cond is None else cond
-        return FlowRow(mu, spks, cond, None if cache is None else cache.estimator), encoder_cache
+        estimator = None if cache is None else cache.estimator
+        return FlowRow(mu, spks, cond, estimator, keep=keep), encoder_cache
 
     def _decode_chunks(
         self, rows: Sequence[FlowRow], n_timesteps: int
@@ -181,7 +190,7 @@ class DiTFlow(nn.Module):
         """Each row's (mel, estimator cache after it): one batched graphed run, or the plain decoder row by row."""
         if self.graphed_decoder is not None:
             return self.graphed_decoder.run(rows, n_timesteps, streaming=True)
-        return [self.decoder.forward_chunk(r.mu, r.spks, r.cond, n_timesteps, r.cache) for r in rows]
+        return [self.decoder.forward_chunk(r.mu, r.spks, r.cond, n_timesteps, r.cache, r.keep) for r in rows]
 
     def _chunk(
         self,
@@ -247,7 +256,7 @@ class DiTFlow(nn.Module):
         steps = n_timesteps or self.config.n_timesteps
         encoded = [
             self._encode_chunk(
-                self._tokens(c.tokens), self._speaker(c.embedding), None, c.last_chunk, c.cache
+                self._tokens(c.tokens), self._speaker(c.embedding), None, c.last_chunk, c.cache, c.keep
             )
             for c in chunks
         ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -33,7 +33,7 @@ from tritontts.cuda_graphs import (
     capture_within_limit,
     check_buckets,
 )
-from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache
+from tritontts.dit_token2wav.cfm import DiTCFM, EstimatorCache, KeyWindow
 from tritontts.dit_token2wav.dit import frame_padding
 
 DEFAULT_CHUNK_BUCKETS = (64, 128, 256)
@@ -78,6 +78,8 @@ class FlowRow:
     cond: Tensor
     cache: EstimatorCache | None = None
     noise: Tensor | None = None
+    keep: KeyWindow | None = None
+    """a chunk's key frames kept in the cache after it (None: all)"""
 
     @property
     def frames(self) -> int:
@@ -144,9 +146,10 @@ class GraphedDiTCFM:
         cond: Tensor,
         n_timesteps: int = 10,
         cache: EstimatorCache | None = None,
+        keep: KeyWindow | None = None,
     ) -> tuple[Tensor, EstimatorCache]:
         """As `DiTCFM.forward_chunk`."""
-        return self.run([FlowRow(mu, spks, cond, cache)], n_timesteps, streaming=True)[0]
+        return self.run([FlowRow(mu, spks, cond, cache, keep=keep)], n_timesteps, streaming=True)[0]
 
     @torch.inference_mode()
     def run(
@@ -157,10 +160,7 @@ class GraphedDiTCFM:
         Rows that fit the buckets run in batched calls of up to the largest configured batch size, rows of
         similar cache and chunk lengths together; the others run eagerly, one by one."""
         if streaming:
-            rows = [
-                FlowRow(r.mu, r.spks, r.cond, self.cfm.checked_cache(r.cache, r.mu, n_timesteps))
-                for r in rows
-            ]
+            rows = [replace(r, cache=self.cfm.checked_cache(r.cache, r.mu, n_timesteps)) for r in rows]
         results: list[tuple[Tensor, EstimatorCache | None] | None] = [None] * len(rows)
         fitting = []
         for index, row in enumerate(rows):
@@ -189,7 +189,7 @@ class GraphedDiTCFM:
 
     def _eager(self, row: FlowRow, n_timesteps: int, streaming: bool) -> tuple[Tensor, EstimatorCache | None]:
         if streaming:
-            return self.cfm.forward_chunk(row.mu, row.spks, row.cond, n_timesteps, row.cache)
+            return self.cfm.forward_chunk(row.mu, row.spks, row.cond, n_timesteps, row.cache, row.keep)
         return self.cfm(row.mu, row.spks, row.cond, n_timesteps, row.noise), None
 
     def _key(self, rows: Sequence[FlowRow], streaming: bool) -> GraphKey:
@@ -317,7 +317,7 @@ class GraphedDiTCFM:
             own = EstimatorCache(
                 entries.cnn[:, :, i::batch].clone(), entries.att[:, :, i::batch, :, : row.frames]
             )
-            results.append((row_mel, row.cache.extended(own)))
+            results.append((row_mel, row.cache.extended(own, row.keep)))
         return results
 
     @torch.inference_mode()

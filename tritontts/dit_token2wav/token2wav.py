@@ -39,6 +39,7 @@ from tritontts.cosyvoice2.hift import HIFT_FILE, HiFT, HiFTConfig, load_hift, of
 from tritontts.cosyvoice2.token2wav import fade_in_out
 from tritontts.cuda_graphs import FlowGraphConfig
 from tritontts.devices import mark_on_device, resolve_device, resolve_dtype
+from tritontts.dit_token2wav.cfm import KeyWindow
 from tritontts.dit_token2wav.config import FLOW_YAML
 from tritontts.dit_token2wav.flow import DiTFlow, FlowCache, FlowChunk, FlowUtterance, load_dit_flow, unwrap
 from tritontts.dit_token2wav.speaker import DiTSpeaker, speaker_from_features, speech_token_ids
@@ -289,6 +290,11 @@ class DiTToken2Wav:
             pending = later
         return results
 
+    @staticmethod
+    def _key_window(speaker: DiTSpeaker) -> KeyWindow:
+        """A stream's estimator keeps its prompt's key frames and the last ESTIMATOR_CACHE_TAIL."""
+        return speaker.prompt_frames, ESTIMATOR_CACHE_TAIL
+
     def _open(self, call: DiTStreamCall) -> tuple[_Stream, Tensor]:
         ids = self._token_ids(call.tokens)
         state = self._streams.get(call.request_id)
@@ -314,7 +320,10 @@ class DiTToken2Wav:
             except ValueError as err:
                 results[slot] = err
         flowing = [o for o in opened if o[3].shape[1] > 0]
-        chunks = [FlowChunk(ids, c.speaker.embedding, s.flow_cache, c.finalize) for c, _, s, ids in flowing]
+        chunks = [
+            FlowChunk(ids, c.speaker.embedding, s.flow_cache, c.finalize, self._key_window(c.speaker))
+            for c, _, s, ids in flowing
+        ]
         flowed = dict(zip((slot for _, slot, _, _ in flowing), self.flow.inference_chunks(chunks)))
         mark_on_device(timer, "flow", self.device)
         for call, slot, state, _ in opened:
@@ -332,7 +341,6 @@ class DiTToken2Wav:
         flow_cache, mel = state.flow_cache, state.mel
         if flowed is not None:
             chunk_mel, flow_cache = flowed
-            flow_cache = flow_cache.trimmed(call.speaker.prompt_frames, ESTIMATOR_CACHE_TAIL)
             chunk_mel = chunk_mel.to(self.device, torch.float32)
             mel = chunk_mel if mel is None else torch.cat([mel, chunk_mel], dim=2)
         if mel is None:
