@@ -184,6 +184,25 @@ def test_bench_vocoder_graphs_cpu_dry_check(tmp_path: Path):
         assert row["max_abs_diff"] == 0.0, row
 
 
+def test_bench_dit_stream_cache_cpu_dry_check(tmp_path: Path):
+    """Small shapes on the CPU: both update paths give the same cache, and each traffic variant ran in its
+    own process (no allocator figures without CUDA)."""
+    args = ("--device", "cpu", "--dtype", "float32", "--rounds", "30", "--sample-every", "10", "--reps", "2")
+    result = run_json(
+        "bench_dit_stream_cache.py", *args, "--output", str(tmp_path / "c.json"), scratch=tmp_path
+    )
+
+    assert result["update"]["same"] is True
+    assert_positive(result["update"], "two_copies_ms", "one_copies_ms", "cache_mb")
+    assert [(run["allocator"], run["copies"]) for run in result["traffic"]] == [
+        ("default", "two"),
+        ("default", "one"),
+    ]
+    for run in result["traffic"]:
+        assert_positive(run, "ms_per_round")
+        assert run["samples"] == [] and run["summary"] == {}
+
+
 @pytest.fixture(scope="module")
 def spark_download(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     """download_model.py's tiny synthetic Spark-TTS checkpoint (run.sh stage 0), for the codec bench too."""

@@ -50,6 +50,7 @@ RUN_BY = {
     "bench_llm_reference.py": "tests/test_bench_scripts_cpu.py::test_bench_llm_and_its_reference_on_cpu",
     "bench_spark_codec.py": "tests/test_bench_scripts_cpu.py::test_bench_spark_codec_cpu_dry_check",
     "bench_token2wav.py": "tests/test_bench_token2wav.py::both_modes",
+    "bench_dit_stream_cache.py": "tests/test_bench_scripts_cpu.py::test_bench_dit_stream_cache_cpu_dry_check",
     "bench_vocoder_graphs.py": "tests/test_bench_scripts_cpu.py::test_bench_vocoder_graphs_cpu_dry_check",
     "bench_voice_profile.py": "tests/test_voice_modes_triton.py::test_the_profile_benchmark_runs",
     "bench_ws_ttfa.py": "tests/test_speech_ws.py::test_the_time_to_first_audio_benchmark_writes_schema_rows",
