@@ -89,6 +89,7 @@ gpu_layout=servers                  # with --gpus: servers (data parallel: stage
 foreground=false                    # stage 3: stay attached to the server (containers)
 server_cpu_threads=auto             # stages 3 and 7: OMP_NUM_THREADS of the servers (torch CPU threads in every python-backend stub); auto: 1 on a GPU host unless --llm_device/--model_device is cpu or OMP_NUM_THREADS is set (H200, a new CosyVoice2 voice: front end 120 -> 45 ms at c=1, 653 -> 41 ms at c=4); 0: leave it to the environment
 server_malloc_arena_max=2           # stages 3 and 7: MALLOC_ARENA_MAX of the servers (glibc malloc arenas of tritonserver and its stubs; glibc's default, 8 per core, let tritonserver's private memory creep up for 30 minutes of traffic); 0: leave it to the environment
+server_cuda_alloc_conf=""           # stages 3 and 7: PYTORCH_CUDA_ALLOC_CONF of the servers (torch's CUDA caching allocator in every stub), e.g. expandable_segments:True (the DiT token2wav's stream caches: reserve 1.2x the allocated peak instead of 1.5-1.7x on an H100, not yet soaked in a server; docs/cosyvoice2-dit.md); "": leave it to the environment, which stands when it sets one
 compile_cache_dir=auto             # stages 3 and 7: where the servers keep torch.compile's caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR), so a restart or a new container with the same exp/ reuses the compiled kernels; auto: $exp_dir/compile_cache; none: torch's defaults under /tmp; a TORCHINDUCTOR_CACHE_DIR set in the environment stands
 server_extra_args=""                # stages 3 and 7: more tritonserver arguments, shell-quoted, e.g. "--trace-config triton,file=exp/trace_{server}.json --trace-config rate=1 --trace-config level=TIMESTAMPS" (docs/benchmarks.md: one request's timeline); {server} becomes each server's name where several start
 cuda_mps=false                      # stages 3 and 7: start NVIDIA MPS first, so the LLM and token2wav processes share the GPU at once instead of taking turns (H100: CosyVoice3 first chunk 218 -> 176 ms); run.sh stop ends it
@@ -526,6 +527,10 @@ if { [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; } || { [ "$stage" -le 7 ] &&
   if [ "$server_malloc_arena_max" != 0 ] && [ -z "${MALLOC_ARENA_MAX:-}" ]; then
     export MALLOC_ARENA_MAX=$server_malloc_arena_max
     log "servers run with MALLOC_ARENA_MAX=$server_malloc_arena_max (--server_malloc_arena_max)"
+  fi
+  if [ -n "$server_cuda_alloc_conf" ] && [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}" ]; then
+    export PYTORCH_CUDA_ALLOC_CONF=$server_cuda_alloc_conf
+    log "servers run with PYTORCH_CUDA_ALLOC_CONF=$server_cuda_alloc_conf (--server_cuda_alloc_conf)"
   fi
   if [ "$compile_cache_dir" != none ] && [ -z "${TORCHINDUCTOR_CACHE_DIR:-}" ]; then
     [ "$compile_cache_dir" != auto ] || compile_cache_dir=$exp_dir/compile_cache

@@ -1,5 +1,6 @@
-"""run.sh --server_cpu_threads, --server_malloc_arena_max and --compile_cache_dir: the OMP_NUM_THREADS (auto: 1 on
-a GPU host), MALLOC_ARENA_MAX (2) and torch.compile cache folders that stages 3 and 7 give the servers."""
+"""run.sh --server_cpu_threads, --server_malloc_arena_max, --server_cuda_alloc_conf and --compile_cache_dir: the
+OMP_NUM_THREADS (auto: 1 on a GPU host), MALLOC_ARENA_MAX (2), PYTORCH_CUDA_ALLOC_CONF (none) and torch.compile cache
+folders that stages 3 and 7 give the servers."""
 
 from __future__ import annotations
 
@@ -33,10 +34,13 @@ def stage_3(
     env_threads: str | None = None,
     env_arenas: str | None = None,
     env_cache: str | None = None,
+    env_alloc_conf: str | None = None,
 ):
     """Stage 3 against a missing repository (the server never starts), with or without an `nvidia-smi` on PATH."""
     env = {
-        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX", *CACHE_VARS)
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX", "PYTORCH_CUDA_ALLOC_CONF", *CACHE_VARS)
     }
     env["PATH"] = path_with_nvidia_smi(tmp_path, gpu)
     if env_threads is not None:
@@ -45,6 +49,8 @@ def stage_3(
         env["MALLOC_ARENA_MAX"] = env_arenas
     if env_cache is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = env_cache
+    if env_alloc_conf is not None:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = env_alloc_conf
     command = ["bash", "run.sh", "3", "3", "--exp_dir", str(tmp_path / "exp"), "--python", sys.executable]
     command += ["--model_repo", str(tmp_path / "no_repo"), "--python_stub", "wheel", *options]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -100,6 +106,29 @@ def test_malloc_arenas_are_capped_unless_the_environment_sets_them(tmp_path, opt
 def test_a_bad_arena_count_exits_2_naming_the_option(tmp_path):
     done = stage_3(tmp_path, ["--server_malloc_arena_max", "few"], gpu=False)
     assert done.returncode == 2 and "--server_malloc_arena_max must be a number" in done.stderr
+
+
+ALLOC_LINE = "servers run with PYTORCH_CUDA_ALLOC_CONF="
+
+
+@pytest.mark.parametrize(
+    "options, env_alloc_conf, expected",
+    [
+        ([], None, None),
+        (["--server_cuda_alloc_conf", "expandable_segments:True"], None, "expandable_segments:True"),
+        (["--server_cuda_alloc_conf", "expandable_segments:True"], "max_split_size_mb:512", None),
+    ],
+)
+def test_the_cuda_allocator_setting_is_given_unless_the_environment_has_one(
+    tmp_path, options, env_alloc_conf, expected
+):
+    done = stage_3(tmp_path, options, gpu=True, env_alloc_conf=env_alloc_conf)
+    lines = [line for line in done.stdout.splitlines() if ALLOC_LINE in line]
+    if expected is None:
+        assert not lines, done.stdout
+    else:
+        assert len(lines) == 1 and lines[0].endswith(f"{ALLOC_LINE}{expected} (--server_cuda_alloc_conf)")
+    assert "model repository not found" in done.stdout + done.stderr
 
 
 CACHE_LINE = "servers keep torch.compile's caches in "
