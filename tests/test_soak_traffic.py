@@ -126,9 +126,27 @@ def test_flat_is_growth_within_the_tolerance_from_the_first_window_to_the_last()
     assert verdicts["gpu_memory_flat"] is False and verdicts["host_rss_flat"] is False
     assert verdicts["gpu_memory_flat_each_process"] is False
     assert verdicts["memory_not_flat"] == ["GPU tritonserver:1: +6.0%", "host tritonserver:1: +10.0%"]
+    assert verdicts["memory_still_growing"] == ["host tritonserver:1: +10.0% over the last third"]  # GPU fell
     _, verdicts = totals_and_verdicts(series_of([200, 200], [None, None], [100, 100]), 0, 0, 3)
     assert verdicts["gpu_memory_flat"] is None and verdicts["zero_stub_deaths"] is False  # 3 log faults
     assert verdicts["gpu_memory_flat_each_process"] is None
+
+
+def test_memory_that_levels_off_is_not_flat_but_not_still_growing():
+    """The high-water mark reached early (a cache filling) against growth that goes on to the end (a leak): both
+    fail the flat rule; only the second is still growing over the last third."""
+    levelled = [1000, 1100, 1200, 1300, 1300, 1300, 1310]
+    leaking = [1000, 1050, 1100, 1150, 1200, 1250, 1300]
+    for gpu, grown, still in (
+        (levelled, "+31.0%", []),
+        (leaking, "+30.0%", ["GPU tritonserver:1: +8.3% over the last third"]),  # from window 4 on
+    ):
+        _, verdicts = totals_and_verdicts(series_of([100] * 7, gpu, [100] * 7), 0, 0, 0)
+        assert verdicts["gpu_memory_flat"] is False
+        assert verdicts["memory_not_flat"] == [f"GPU tritonserver:1: {grown}"]
+        assert verdicts["memory_still_growing"] == still
+    _, verdicts = totals_and_verdicts(series_of([100, 100], [1000, 1200], [100, 100]), 0, 0, 0)
+    assert verdicts["memory_still_growing"] == []  # two windows: no last third to judge
 
 
 def test_scan_log_counts_stub_faults_from_an_offset(tmp_path: Path):

@@ -172,6 +172,16 @@ def _ends(series: list[dict], value) -> tuple[float | None, float | None, int | 
     return found[0][1], found[-1][1], found[0][0], found[-1][0]
 
 
+def _where_last_third_starts(series: list[dict], value) -> float | None:
+    """`value(window)` at the first window with a value in the last third of the windows that have one (None
+    with fewer than three)."""
+    found = [(w["window"], value(w)) for w in series if value(w) is not None]
+    if len(found) < 3:
+        return None
+    start = found[0][0] + (2 * (found[-1][0] - found[0][0])) // 3
+    return next(v for i, v in found if i >= start)
+
+
 def totals_and_verdicts(
     series: list[dict],
     errors: int,
@@ -182,8 +192,9 @@ def totals_and_verdicts(
 ) -> tuple[dict, dict]:
     """The run's totals (growth of every process's memory and of the first-chunk p99, first window to last) and
     its verdicts: 0 errors, 0 stub deaths, GPU memory flat (in total and in each process), host memory flat in each
-    process, first-chunk p99 flat (True, False, or None when not measured), and the processes whose memory grew
-    past the tolerance. No fault at unload is judged after the servers stop (scripts/soak_traffic.py --after-stop)."""
+    process, first-chunk p99 flat (True, False, or None when not measured), the processes whose memory grew
+    past the tolerance, and those of them still growing over the run's last third (a leak, where the others
+    reached a high-water mark; a leak that filled the GPU levels off too, and its requests then fail). No fault at unload is judged after the servers stop (scripts/soak_traffic.py --after-stop)."""
     labels = sorted({label for w in series for label in w["rss_mib"]})
     gpu_labels = sorted({label for w in series for label in w["gpu_mib"]})
 
@@ -219,9 +230,20 @@ def totals_and_verdicts(
         for label, c in changes.items()
         if flat(c["first"], c["last"], memory_tolerance) is False
     ]
+    still_growing = []
+    for kind, key, changes in (("GPU", "gpu_mib", gpu), ("host", "rss_mib", rss)):
+        for label, c in changes.items():
+            if flat(c["first"], c["last"], memory_tolerance) is not False:
+                continue
+            third = _where_last_third_starts(series, lambda w, m=key, k=label: w[m].get(k))
+            if flat(third, c["last"], memory_tolerance) is False:
+                still_growing.append(
+                    f"{kind} {label}: {100 * growth(third, c['last']):+.1f}% over the last third"
+                )
     verdicts = {
         "rule": f"flat: last window <= first window x (1 + tolerance); memory tolerance {memory_tolerance}, "
-        f"first-chunk p99 tolerance {p99_tolerance}; None: not measured",
+        f"first-chunk p99 tolerance {p99_tolerance}; None: not measured; still growing: not flat, and the last "
+        "window above (1 + tolerance) x the window where the last third starts",
         "memory_tolerance": memory_tolerance,
         "p99_tolerance": p99_tolerance,
         "zero_errors": errors == 0,
@@ -231,6 +253,7 @@ def totals_and_verdicts(
         "gpu_memory_flat_each_process": None if not gpu_flat or None in gpu_flat else all(gpu_flat),
         "host_rss_flat": None if not rss_flat or None in rss_flat else all(rss_flat),
         "memory_not_flat": grown,
+        "memory_still_growing": still_growing,
         "no_fault_at_unload": None,
     }
     return totals, verdicts
