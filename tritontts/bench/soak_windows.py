@@ -164,9 +164,14 @@ class Windows:
         }
 
 
+def _found(series: list[dict], value) -> list[tuple[int, float]]:
+    """(window index, `value(window)`) of the windows where it is not None."""
+    return [(w["window"], v) for w in series if (v := value(w)) is not None]
+
+
 def _ends(series: list[dict], value) -> tuple[float | None, float | None, int | None, int | None]:
     """The first and last non-None `value(window)` of the series, with their window indexes."""
-    found = [(w["window"], value(w)) for w in series if value(w) is not None]
+    found = _found(series, value)
     if not found:
         return None, None, None, None
     return found[0][1], found[-1][1], found[0][0], found[-1][0]
@@ -175,7 +180,7 @@ def _ends(series: list[dict], value) -> tuple[float | None, float | None, int | 
 def _where_last_third_starts(series: list[dict], value) -> float | None:
     """`value(window)` at the first window with a value in the last third of the windows that have one (None
     with fewer than three)."""
-    found = [(w["window"], value(w)) for w in series if value(w) is not None]
+    found = _found(series, value)
     if len(found) < 3:
         return None
     start = found[0][0] + (2 * (found[-1][0] - found[0][0])) // 3
@@ -194,7 +199,8 @@ def totals_and_verdicts(
     its verdicts: 0 errors, 0 stub deaths, GPU memory flat (in total and in each process), host memory flat in each
     process, first-chunk p99 flat (True, False, or None when not measured), the processes whose memory grew
     past the tolerance, and those of them still growing over the run's last third (a leak, where the others
-    reached a high-water mark; a leak that filled the GPU levels off too, and its requests then fail). No fault at unload is judged after the servers stop (scripts/soak_traffic.py --after-stop)."""
+    reached a high-water mark; a leak that filled the GPU levels off too, and its requests then fail). No fault
+    at unload is judged after the servers stop (scripts/soak_traffic.py --after-stop)."""
     labels = sorted({label for w in series for label in w["rss_mib"]})
     gpu_labels = sorted({label for w in series for label in w["gpu_mib"]})
 
@@ -224,17 +230,12 @@ def totals_and_verdicts(
     }
     rss_flat = [flat(c["first"], c["last"], memory_tolerance) for c in rss.values()]
     gpu_flat = [flat(c["first"], c["last"], memory_tolerance) for c in gpu.values()]
-    grown = [
-        f"{kind} {label}: {100 * c['growth']:+.1f}%"
-        for kind, changes in (("GPU", gpu), ("host", rss))
-        for label, c in changes.items()
-        if flat(c["first"], c["last"], memory_tolerance) is False
-    ]
-    still_growing = []
+    grown, still_growing = [], []
     for kind, key, changes in (("GPU", "gpu_mib", gpu), ("host", "rss_mib", rss)):
         for label, c in changes.items():
             if flat(c["first"], c["last"], memory_tolerance) is not False:
                 continue
+            grown.append(f"{kind} {label}: {100 * c['growth']:+.1f}%")
             third = _where_last_third_starts(series, lambda w, m=key, k=label: w[m].get(k))
             if flat(third, c["last"], memory_tolerance) is False:
                 still_growing.append(
