@@ -236,10 +236,12 @@ def reference(prompt_zh, tmp_path_factory) -> Path:
 
 
 def soak_args(server, url: str, reference: Path, output: Path, seconds: float, window: float) -> list[str]:
+    """A model not ready within 60 s fails the soak with its last /health answer, inside the tests' timeouts."""
     return [
         *("--target", f"spark={url},spark-tts", "--concurrency", "2", "--seconds", str(seconds)),
         *("--window", str(window), "--sample-every", "1", "--server-pid", str(server.server.pid)),
         *("--server-log", str(server.server.config.log_file), "--voice", "soakvoice", "--api-key", KEY),
+        *("--wait-ready", "60"),
         *(
             "--reference-wav",
             str(reference),
