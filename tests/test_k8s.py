@@ -311,6 +311,15 @@ def test_servers_keep_their_compile_caches_on_the_models_volume(manifests):
         assert env["TRITON_CACHE_DIR"] == "/compile-cache/triton"
 
 
+def test_servers_run_the_cuda_allocator_run_sh_gives_them(manifests):
+    """Every tritonserver and LLM server pod has run.sh's --server_cuda_alloc_conf default in its environment."""
+    default = run_sh_defaults()["server_cuda_alloc_conf"]
+    assert default == "expandable_segments:True"
+    for _, container in [*manifests.tritonservers(), *llm_servers(manifests)]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["PYTORCH_CUDA_ALLOC_CONF"] == default, container["name"]
+
+
 def test_every_pod_runs_as_non_root(manifests):
     for workload in manifests.workloads():
         context = workload.pod["securityContext"]

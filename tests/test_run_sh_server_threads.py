@@ -1,6 +1,6 @@
 """run.sh --server_cpu_threads, --server_malloc_arena_max, --server_cuda_alloc_conf and --compile_cache_dir: the
-OMP_NUM_THREADS (auto: 1 on a GPU host), MALLOC_ARENA_MAX (2), PYTORCH_CUDA_ALLOC_CONF (none) and torch.compile cache
-folders that stages 3 and 7 give the servers."""
+OMP_NUM_THREADS (auto: 1 on a GPU host), MALLOC_ARENA_MAX (2), PYTORCH_CUDA_ALLOC_CONF (expandable_segments:True)
+and torch.compile cache folders that stages 3 and 7 give the servers."""
 
 from __future__ import annotations
 
@@ -114,8 +114,10 @@ ALLOC_LINE = "servers run with PYTORCH_CUDA_ALLOC_CONF="
 @pytest.mark.parametrize(
     "options, env_alloc_conf, expected",
     [
-        ([], None, None),
-        (["--server_cuda_alloc_conf", "expandable_segments:True"], None, "expandable_segments:True"),
+        ([], None, "expandable_segments:True"),
+        (["--server_cuda_alloc_conf", ""], None, None),
+        (["--server_cuda_alloc_conf", "max_split_size_mb:512"], None, "max_split_size_mb:512"),
+        ([], "max_split_size_mb:512", None),
         (["--server_cuda_alloc_conf", "expandable_segments:True"], "max_split_size_mb:512", None),
     ],
 )
