@@ -2,12 +2,16 @@
 """The CosyVoice2 token2wav first chunk alone and beside an LLM that decodes on the same GPU, as a streamed
 request meets it in Triton (the LLM goes on decoding the request while token2wav makes its first chunk).
 
-    python scripts/bench_gpu_sharing.py [--arms alone,llm,llm_below_normal,llm_sm50] [--stream-priority high]
+    python scripts/bench_gpu_sharing.py [--arms alone,llm,llm_first_chunk_priority,llm_sm50] [--stream-priority high]
 
 Each arm other than `alone` starts this script again as `--role llm` in a child process: the full-size
-synthetic Qwen2 LLM (random weights, bf16, CUDA graphs) decoding one request after another at batch 1, with
-the arm's environment (MPS client priority, MPS active-thread percentage: only MPS reads them, so run the
-script under a running MPS daemon to test them). Meanwhile the parent times the first streamed chunk (15 + 3
+synthetic Qwen2 LLM (random weights, bf16, CUDA graphs) decoding one request after another at batch 1 on the
+engine's own thread, as in Triton, with the arm's environment (MPS client priority, MPS active-thread
+percentage: only MPS reads them, so run the script under a running MPS daemon to test them). In
+`llm_first_chunk_priority` the two share a first-chunk board, as run.sh's `--first_chunk_priority true` (the
+default) gives token2wav and the LLM: the parent holds it while it makes each first chunk and the engine holds
+its steps meanwhile (`tritontts/triton/first_chunk_priority.py`; the chunks here follow each other, so the LLM's
+rate beside them is lower than a server's). Meanwhile the parent times the first streamed chunk (15 + 3
 look-ahead tokens after a --prompt-tokens prompt) through `Token2Wav.stream` with the flow decoder, encoder and
 HiFT replayed from CUDA graphs (captured and replayed on a stream of --stream-priority). The child's decode
 steps per second, alone and beside token2wav, say what the LLM pays. Writes one JSON file. `--compile` compiles the flow
@@ -25,7 +29,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,6 +39,7 @@ import torch
 from tritontts.bench.kernel_profile import kernels_per_call
 from tritontts.bench.offline_timing import device_name, synchronize
 from tritontts.bench.stats import percentile
+from tritontts.triton.first_chunk_priority import FirstChunkHolder, YieldToFirstChunks, holding
 
 ARM_ENVIRONMENTS = {
     "alone": None,
@@ -41,9 +48,14 @@ ARM_ENVIRONMENTS = {
     "llm_sm50": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"},
     "llm_sm25": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"},
     "llm_below_normal_sm50": {"CUDA_MPS_CLIENT_PRIORITY": "1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"},
+    "llm_first_chunk_priority": {},
 }
+BOARD_ARMS = {"llm_first_chunk_priority"}
+BOARD_VARIABLE = "TRITONTTS_BENCH_FIRST_CHUNK_BOARD"
+"""the board's path, in the child's environment of a BOARD_ARMS arm"""
 PROMPT_TOKENS = 75
 FIRST_CHUNK_TOKENS = 15 + 3
+AUDIO_TOKENS_PER_S = 25.0
 LLM_VOCAB = 158_000
 
 
@@ -52,7 +64,7 @@ def run_llm(device: torch.device, preset: str) -> int:
     from tritontts.llm.config import Qwen2Config
     from tritontts.llm.engine import LLMEngine
     from tritontts.llm.loader import build_model
-    from tritontts.llm.sequence import SamplingParams
+    from tritontts.llm.sequence import SamplingParams, TokenEvent
     from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -60,26 +72,39 @@ def run_llm(device: torch.device, preset: str) -> int:
     state = qwen2_state_dict(preset, seed=0, vocab_size=LLM_VOCAB, dtype=dtype)
     model = build_model(Qwen2Config.from_dict(raw), state, device, dtype, source="synthetic")
     engine = LLMEngine.from_model(model, max_batch_size=1, max_seq_len=2560)
+    board = os.environ.get(BOARD_VARIABLE)
+    if board:
+        engine.pause_check = YieldToFirstChunks(Path(board), AUDIO_TOKENS_PER_S, FIRST_CHUNK_TOKENS)
     params = SamplingParams(max_tokens=2000, temperature=0.8, top_k=50, top_p=0.95, seed=0)
     prompt = torch.randint(0, LLM_VOCAB, (300,), generator=torch.Generator().manual_seed(0)).tolist()
-    steps, stop, marks = 0, [], []
+    tokens, finished = [0], threading.Event()  # at batch 1, a token per decode step
+
+    def count(event: TokenEvent) -> None:
+        tokens[0] += len(event.token_ids)
+        if event.finished:
+            finished.set()
+
+    stop, marks = [], []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    signal.signal(signal.SIGUSR1, lambda *_: marks.append((steps, time.perf_counter())))
+    signal.signal(signal.SIGUSR1, lambda *_: marks.append((tokens[0], time.perf_counter(), engine.paused_s)))
+    engine.start()
     while not stop:
-        if not engine.has_work():
-            engine.add_request(prompt, params)
-        engine.step()
-        steps += 1
-        if steps == 50:
-            synchronize(device)
-            marks.append((steps, time.perf_counter()))
-            print("ready", flush=True)
-    (s0, t0), (s1, t1), (s2, t2) = marks[:3]
+        finished.clear()
+        engine.add_request(prompt, params, count)
+        while not (finished.wait(0.01) or stop):
+            if not marks and tokens[0] >= 50:
+                marks.append((tokens[0], time.perf_counter(), engine.paused_s))
+                print("ready", flush=True)
+    engine.stop()
+    (s0, t0, _), (s1, t1, h1), (s2, t2, h2) = marks[:3]
     rates = {
         "decode_steps_per_s_alone": (s1 - s0) / (t1 - t0),
         "decode_steps_per_s_shared": (s2 - s1) / (t2 - t1),
+        "llm_held_s_shared": h2 - h1,
     }
-    print(json.dumps({k: round(v, 1) for k, v in rates.items()}), flush=True)
+    print(
+        json.dumps({k: round(v, 3 if k.startswith("llm_held") else 1) for k, v in rates.items()}), flush=True
+    )
     return 0
 
 
@@ -141,6 +166,16 @@ def build_token2wav(
         synchronize(device)
 
     return first_chunk
+
+
+def held_by(holder: FirstChunkHolder, call: Callable[[], None]) -> Callable[[], None]:
+    """`call` holding the LLM on `holder`'s board, as a token2wav instance makes a stream's first chunk."""
+
+    def held() -> None:
+        with holding(holder, True):
+            call()
+
+    return held
 
 
 def time_calls(call, reps: int) -> dict:
@@ -212,11 +247,18 @@ def main() -> int:
         "arms": {},
     }
     for arm in arms:
-        overrides = ARM_ENVIRONMENTS[arm]
+        overrides, holder, call = ARM_ENVIRONMENTS[arm], None, first_chunk
+        if arm in BOARD_ARMS:
+            holder = FirstChunkHolder(Path(tempfile.mkdtemp()) / "first_chunks")
+            overrides, call = {BOARD_VARIABLE: str(holder.path)}, held_by(holder, first_chunk)
         child = None if overrides is None else start_llm(overrides, device, args.preset)
-        row = {"llm_environment": overrides, **time_calls(first_chunk, args.reps)}
+        row = {"llm_environment": overrides, **time_calls(call, args.reps)}
         if child is not None:
             row |= stop_llm(child)
+        if holder is not None:
+            holder.close()
+            holder.path.parent.rmdir()
+            row["llm_environment"] = {BOARD_VARIABLE: "<a temporary file>"}
         result["arms"][arm] = row
         print(arm, row, flush=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -265,13 +265,17 @@ def test_bench_spark_codec_cpu_dry_check(spark_download, tmp_path: Path):
 
 
 def test_bench_gpu_sharing_cpu_dry_check(tmp_path: Path):
-    """The first chunk alone and beside the LLM decoding in a child process (its steps per second both ways), on
-    cuDNN's convolutions (the A/B's other side)."""
-    args = ("--device", "cpu", "--preset", "tiny", "--reps", "3", "--arms", "alone,llm", "--convs", "cudnn")
+    """The first chunk alone, beside the LLM decoding in a child process (its steps per second both ways), and
+    beside it with the first-chunk board shared (the LLM holds its steps while a chunk is made), on cuDNN's
+    convolutions (the A/B's other side)."""
+    arms = "alone,llm,llm_first_chunk_priority"
+    args = ("--device", "cpu", "--preset", "tiny", "--reps", "3", "--arms", arms, "--convs", "cudnn")
     result = run_json("bench_gpu_sharing.py", *args, "--out", str(tmp_path / "share.json"), scratch=tmp_path)
 
     assert (
-        result["preset"] == "tiny" and result["convs"] == "cudnn" and set(result["arms"]) == {"alone", "llm"}
+        result["preset"] == "tiny"
+        and result["convs"] == "cudnn"
+        and set(result["arms"]) == set(arms.split(","))
     )
     assert result["estimator_compiled"] is False and result["kernels_per_chunk"]["per_call"] > 0, result
     for arm in result["arms"].values():
@@ -280,9 +284,12 @@ def test_bench_gpu_sharing_cpu_dry_check(tmp_path: Path):
     assert (
         result["arms"]["alone"]["llm_environment"] is None and result["arms"]["llm"]["llm_environment"] == {}
     )
-    llm = result["arms"]["llm"]
-    assert positive(llm["decode_steps_per_s_alone"]), llm  # over 2 s alone
-    assert number(llm["decode_steps_per_s_shared"]) and llm["decode_steps_per_s_shared"] >= 0, llm
+    llm, held = result["arms"]["llm"], result["arms"]["llm_first_chunk_priority"]
+    for arm in (llm, held):
+        assert positive(arm["decode_steps_per_s_alone"]), arm  # over 2 s alone
+        assert number(arm["decode_steps_per_s_shared"]) and arm["decode_steps_per_s_shared"] >= 0, arm
+    assert llm["llm_held_s_shared"] == 0 and held["llm_held_s_shared"] > 0, result["arms"]
+    assert held["llm_environment"] == {"TRITONTTS_BENCH_FIRST_CHUNK_BOARD": "<a temporary file>"}
 
 
 STAND_IN_SCENARIOS = """
