@@ -292,6 +292,24 @@ def test_bench_gpu_sharing_cpu_dry_check(tmp_path: Path):
     assert held["llm_environment"] == {"TRITONTTS_BENCH_FIRST_CHUNK_BOARD": "<a temporary file>"}
 
 
+def test_bench_decode_pdl_chain_in_the_triton_interpreter(tmp_path: Path):
+    """The stand-in decode chain's GEMV kernel (plain launches: PDL's instructions do not run in Triton's CPU
+    interpreter) against torch's product of the same inputs, kernel by kernel, on the tiny shape."""
+    out = tmp_path / "pdl.json"
+    done = run_script(
+        SCRIPTS / "bench_decode_pdl.py",
+        *("--device", "cpu", "--preset", "tiny", "--out", str(out)),
+        scratch=tmp_path,
+        timeout=300,
+        env={**ONE_THREAD, "TRITON_INTERPRET": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["shape"] == {"hidden": 64, "qkv": 96, "intermediate": 160, "layers": 2, "down_shares": 2}
+    assert 0 <= result["plain_chain_vs_torch_max_rel_error"] < 1e-5, result
+    assert result["timing"] is None and result["triton"]
+
+
 STAND_IN_SCENARIOS = """
 import json
 import os

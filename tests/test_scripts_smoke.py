@@ -43,6 +43,7 @@ ENTRY_POINTS = entry_points()
 # script: the test that runs it for real ("tests/FILE.py::NAME", NAME a test or the fixture that runs it)
 RUN_BY = {
     "bench_cosyvoice3_flow_graphs.py": "tests/test_scripts_smoke.py::test_bench_cosyvoice3_flow_graphs_cpu_dry_check",
+    "bench_decode_pdl.py": "tests/test_bench_scripts_cpu.py::test_bench_decode_pdl_chain_in_the_triton_interpreter",
     "bench_dit_flow_graphs.py": "tests/test_scripts_smoke.py::test_bench_dit_flow_graphs_cpu_dry_check",
     "bench_flow_graphs.py": "tests/test_bench_scripts_cpu.py::test_bench_flow_graphs_cpu_dry_check",
     "bench_gpu_sharing.py": "tests/test_bench_scripts_cpu.py::test_bench_gpu_sharing_cpu_dry_check",
