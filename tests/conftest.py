@@ -83,6 +83,10 @@ class ServerDied(UserWarning):
     """The session server had died: it started again (restart_if_dead)."""
 
 
+class StubTakenForDead(UserWarning):
+    """The session server failed a request of a stub that still runs: it started again before the rerun."""
+
+
 class StuckLoad(UserWarning):
     """A model of the session server whose load did not end in time: the server started again and loaded it once
     more."""
@@ -193,6 +197,16 @@ class RunningTriton:
         if match is None or self.server.pid is None:
             return False
         return any(stub.instance == match.group(1) for stub in list_stubs(self.server.pid))
+
+    def restart_after_a_stub_taken_for_dead(self, error: BaseException | None) -> bool:
+        """Whether `error` is a stub of this server that still runs taken for dead; if so the server starts again
+        first (a `StubTakenForDead` warning): that stub's late answer to the request the backend failed would crash
+        tritonserver 2.51 in TRITONBACKEND_ResponseSend, under the rerun (docs/tests.md)."""
+        if not self.took_a_live_stub_for_dead(error):
+            return False
+        warnings.warn(StubTakenForDead(f"{error}; the session server starts again"), stacklevel=2)
+        self.restart()
+        return True
 
     def restart_if_dead(self) -> bool:
         """Start the server again when it has died, on the same ports (the URLs tests and API processes hold
@@ -313,12 +327,12 @@ def python_backend_crash(log_text: str) -> bool:
 def _session_server_hit_a_python_backend_fault(error: BaseException | None) -> bool:
     """The rerun condition of the session server's tests (pytest_collection_modifyitems): the server died of
     a python-backend crash (a server still dying when the test lost its connection is waited for), or failed
-    the request of a stub that was only starved."""
+    the request of a stub that was only starved (the server then starts again before the rerun)."""
     if not _SESSION_SERVERS:
         return False
     server = _SESSION_SERVERS[0]
     server.exited_after(error)
-    return server.died_of_a_python_backend_crash() or server.took_a_live_stub_for_dead(error)
+    return server.died_of_a_python_backend_crash() or server.restart_after_a_stub_taken_for_dead(error)
 
 
 def available_memory_gib() -> float:

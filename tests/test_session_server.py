@@ -14,6 +14,7 @@ from conftest import (
     TRITON_MODELS_DIR,
     RunningTriton,
     ServerDied,
+    StubTakenForDead,
     StuckLoad,
     StuckUnload,
     _session_server_hit_a_python_backend_fault,
@@ -155,13 +156,36 @@ def test_session_server_tests_rerun_only_on_the_crash_or_a_live_stub_taken_for_d
     assert marker.kwargs["condition"] is _session_server_hit_a_python_backend_fault
     assert request.node.get_closest_marker("triton") is not None
     triton.load("infra_echo")
-    live = current_stubs(triton.server.pid)["infra_echo_0_0"].instance
-    taken_for_dead = InferenceServerException(f"[StatusCode.INTERNAL] Stub process '{live}' is not healthy.")
-    assert _session_server_hit_a_python_backend_fault(taken_for_dead)
     gone = InferenceServerException("[StatusCode.INTERNAL] Stub process 'no_such_model_0_0' is not healthy.")
     assert not _session_server_hit_a_python_backend_fault(gone)  # a stub that died: a real failure
     assert not _session_server_hit_a_python_backend_fault(AssertionError("audio differs"))
     assert not _session_server_hit_a_python_backend_fault(None)
+
+
+def test_a_live_stub_taken_for_dead_starts_the_server_again_before_the_rerun(tmp_path):
+    """The backend failed a request of a stub that still runs: its late answer would crash tritonserver 2.51 under
+    the rerun (CI: a segmentation fault in TRITONBACKEND_ResponseSend a second after), so the server starts again
+    first, on the same ports and with its models; a stub that is gone is a real failure and changes nothing."""
+    repo = tmp_path / "model_repo"
+    repo.mkdir()
+    (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
+    running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+    try:
+        running.load("infra_echo")
+        pid, urls = running.server.pid, (running.http_url, running.grpc_url)
+        gone = InferenceServerException("[StatusCode.INTERNAL] Stub process 'no_such_0_0' is not healthy.")
+        assert not running.restart_after_a_stub_taken_for_dead(gone) and running.server.pid == pid
+        live = current_stubs(pid)["infra_echo_0_0"].instance
+        taken_for_dead = InferenceServerException(
+            f"[StatusCode.INTERNAL] Stub process '{live}' is not healthy."
+        )
+        with pytest.warns(StubTakenForDead, match="is not healthy.*starts again"):
+            assert running.restart_after_a_stub_taken_for_dead(taken_for_dead)
+        assert running.server.pid != pid and (running.http_url, running.grpc_url) == urls
+        assert running.loaded == {"infra_echo"} and len(running.restarts) == 1
+        np.testing.assert_array_equal(echo(running.http_url), 2 * np.arange(3, dtype=np.float32))
+    finally:
+        running.server.stop(grace_s=15)
 
 
 def server_with_echo_and(tmp_path: Path, name: str, model_py: str) -> RunningTriton:
