@@ -124,11 +124,16 @@ def test_the_crash_signatures_are_python_backend_faults():
         )
 
 
-def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
+def echo_server(tmp_path: Path) -> RunningTriton:
+    """A server of its own over infra_echo (not loaded yet)."""
     repo = tmp_path / "model_repo"
     repo.mkdir()
     (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
-    running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+    return RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+
+
+def test_a_dead_server_starts_again_on_its_ports_with_its_models(tmp_path):
+    running = echo_server(tmp_path)
     try:
         running.load("infra_echo")
         urls = (running.http_url, running.grpc_url)
@@ -166,10 +171,7 @@ def test_a_live_stub_taken_for_dead_starts_the_server_again_before_the_rerun(tmp
     """The backend failed a request of a stub that still runs: its late answer would crash tritonserver 2.51 under
     the rerun (CI: a segmentation fault in TRITONBACKEND_ResponseSend a second after), so the server starts again
     first, on the same ports and with its models; a stub that is gone is a real failure and changes nothing."""
-    repo = tmp_path / "model_repo"
-    repo.mkdir()
-    (repo / "infra_echo").symlink_to(TRITON_MODELS_DIR / "infra_echo", target_is_directory=True)
-    running = RunningTriton(server=start_explicit_server(repo, tmp_path / "tritonserver.log"), repo=repo)
+    running = echo_server(tmp_path)
     try:
         running.load("infra_echo")
         pid, urls = running.server.pid, (running.http_url, running.grpc_url)
