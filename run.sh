@@ -60,6 +60,7 @@ llm_cuda_graphs=true
 llm_compile=auto                    # torch.compile one decoder layer and the sampling head (on an H100: 1.30 ms/step at batch 1, server up in ~100 s); auto: true on a GPU host (nvidia-smi, --llm_device not cpu), else false
 llm_decode_attention=auto           # torch engine decode steps' attention: auto (the fused Triton kernel on CUDA) | triton | torch
 llm_decode_linear=auto              # torch engine decode steps' projections at batch 1-64 (Triton kernels; the MLP's down projection at batch 1 only): auto (on CUDA) | triton | torch (cuBLAS)
+llm_decode_pdl=auto                 # torch engine batch-1 decode steps: their layers' Triton kernels launched with programmatic dependent launch, uncompiled (H100: 0.674 -> 0.572 ms a step): auto (where the GPU is sm_90+ and the layers run the Triton kernels) | true | false
 llm_output_tokens_from=auto         # torch engine: the first vocabulary token the LLM may output; its head computes the rows from it on only: auto (<|s_0|> for the CosyVoice families, whose outputs are speech tokens; <|endoftext|> for Spark-TTS, whose text ids its parser drops: 9% off a decode step on an H200) | all | a token or an id
 llm_stream_interval=auto            # torch engine, streaming: tokens per response; auto: 1 up to 16 running requests, then 1 more per 16 more (fewer sends per step under load)
 trt_dtype=bfloat16
@@ -218,6 +219,7 @@ case "$dynamic_chunk_strategy" in exponential|fixed|time_based) ;; *) echo "run.
 case "$token2wav_dtype" in auto|float32|float16|bfloat16) ;; *) echo "run.sh: --token2wav_dtype must be auto, float32, float16 or bfloat16" >&2; exit 2 ;; esac
 case "$llm_decode_attention" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_attention must be auto, triton or torch" >&2; exit 2 ;; esac
 case "$llm_decode_linear" in auto|triton|torch) ;; *) echo "run.sh: --llm_decode_linear must be auto, triton or torch" >&2; exit 2 ;; esac
+case "$llm_decode_pdl" in auto|true|false) ;; *) echo "run.sh: --llm_decode_pdl must be auto, true or false" >&2; exit 2 ;; esac
 case "$text_normalization" in true|false) ;; *) echo "run.sh: --text_normalization must be true or false" >&2; exit 2 ;; esac
 audio_tokens_per_s=25   # speech tokens per second of audio: CosyVoice 25, BiCodec's semantic tokens 50
 first_chunk_tokens=$((token_hop_len + pre_lookahead_len))   # the tokens of a stream's first chunk
@@ -665,7 +667,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     mkdir -p "$model_repo/tensorrt_llm"
     cp -r model_repo/tensorrt_llm_torch/. "$model_repo/tensorrt_llm/"
     fill "$model_repo/tensorrt_llm/config.pbtxt" \
-      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_stream_interval:${llm_stream_interval},llm_output_tokens_from:${llm_output_tokens_from},first_chunk_priority:${first_chunk_priority},audio_tokens_per_s:${audio_tokens_per_s},first_chunk_tokens:${first_chunk_tokens}"
+      "model_dir:${abs_llm_dir},triton_max_batch_size:${triton_max_batch_size},decoupled_mode:${decoupled},max_queue_delay_microseconds:${max_queue_delay_microseconds},llm_max_batch_size:${llm_max_batch_size},llm_max_seq_len:${llm_max_seq_len},llm_dtype:${llm_dtype},llm_device:${llm_device},llm_cuda_graphs:${llm_cuda_graphs},llm_compile:${llm_compile},llm_decode_attention:${llm_decode_attention},llm_decode_linear:${llm_decode_linear},llm_decode_pdl:${llm_decode_pdl},llm_stream_interval:${llm_stream_interval},llm_output_tokens_from:${llm_output_tokens_from},first_chunk_priority:${first_chunk_priority},audio_tokens_per_s:${audio_tokens_per_s},first_chunk_tokens:${first_chunk_tokens}"
   fi
   [ -z "$instance_gpus" ] || spread_over_gpus "$model_repo"
 fi

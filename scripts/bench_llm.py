@@ -27,7 +27,7 @@ from tritontts.llm.config import Qwen2Config
 from tritontts.llm.decode_kernels import DECODE_ATTENTION
 from tritontts.llm.engine import LLMEngine
 from tritontts.llm.loader import build_model, load_pretrained, output_token_id
-from tritontts.llm.model import attention_block, decode_lengths
+from tritontts.llm.model import attention_block, decode_lengths, decoder_layer
 from tritontts.llm.runner import ModelRunner
 from tritontts.llm.sequence import SamplingParams
 from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
@@ -76,6 +76,13 @@ def parse_args() -> argparse.Namespace:
         choices=DECODE_ATTENTION,
         default="auto",
         help="decode steps' projections at batch 1-64: the Triton kernels, cuBLAS (torch), or auto (Triton on CUDA)",
+    )
+    parser.add_argument(
+        "--decode-pdl",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="batch-1 decode steps' layers uncompiled, their Triton kernels launched with programmatic dependent "
+        "launch: auto (sm_90+ with the Triton kernels), true, false",
     )
     parser.add_argument(
         "--top-k-kernel",
@@ -202,6 +209,46 @@ def decode_attention_check(runner: ModelRunner, compiled: bool) -> dict:
         results[f"batch_{batch}"] = entry
         print(f"decode attention check batch {batch}: {entry}", flush=True)
     return results
+
+
+def decode_pdl_check(runner: ModelRunner) -> dict:
+    """The batch-1 layers with programmatic dependent launch against without, from the same random residual
+    stream and caches at the engine's shapes: launched one after another, and replayed from a CUDA graph."""
+    device, dtype, config = runner.device, runner.dtype, runner.model.config
+    gen = torch.Generator(device=device).manual_seed(0)
+    position = runner.max_seq_len // 2
+    positions = torch.full((1, 1), position, device=device)
+    ctx = runner.model.context(torch.zeros_like(positions), positions, slice(0, 1), runner.max_seq_len)
+    counters = torch.zeros(config.num_key_value_heads, dtype=torch.int32, device=device)
+    ctx = replace(ctx, lengths=decode_lengths(positions, runner.max_seq_len), counters=counters)
+    x0 = torch.randn(1, 1, config.hidden_size, generator=gen, device=device, dtype=dtype)
+    caches = [torch.randn(k.shape, generator=gen, device=device, dtype=dtype) for k in runner.cache.k[:2]]
+
+    def layers(shape):
+        x, delta, written = x0, None, []
+        for weights in runner.weights:
+            k, v = caches[0].clone(), caches[1].clone()
+            x, delta = decoder_layer(shape, weights, x, delta, k, v, ctx)
+            written.append(k[0, :, position])
+        return torch.cat(
+            [x.float().flatten(), delta.float().flatten(), torch.stack(written).float().flatten()]
+        )
+
+    plain = layers(replace(runner.pdl_shape, pdl=False))
+    launched = layers(runner.pdl_shape)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layers(runner.pdl_shape)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    result = {
+        "max_abs_diff_launched": (launched - plain).abs().max().item(),
+        "max_abs_diff_graph": (captured - plain).abs().max().item(),
+    }
+    result["ok"] = result["max_abs_diff_launched"] == 0 and result["max_abs_diff_graph"] == 0
+    print(f"decode PDL check: {result}", flush=True)
+    return result
 
 
 def bench_ours(engine: LLMEngine, args, device: torch.device, vocab: int) -> dict:
@@ -439,6 +486,7 @@ def main() -> None:
         decode_linear=args.decode_linear,
         top_k_kernel=args.top_k_kernel,
         output_tokens_from=output_token_id(args.model_dir or ".", args.output_tokens_from),
+        decode_pdl={"auto": None, "true": True, "false": False}[args.decode_pdl],
     )
     build_s = time.perf_counter() - start
     lap("engine_build")
@@ -446,6 +494,8 @@ def main() -> None:
     if engine.runner.decode_attention == "triton" and device.type == "cuda":
         check = decode_attention_check(engine.runner, args.compile)
     lap("decode_attention_check")
+    if engine.runner.pdl_shape is not None:
+        check["decode_pdl"] = decode_pdl_check(engine.runner)
     ours = bench_ours(engine, args, device, vocab)
     if args.profile and device.type == "cuda" and engine.runner.graphs:
         try:
@@ -457,6 +507,7 @@ def main() -> None:
         "kv_buckets": engine.runner.kv_lengths,
         "decode_attention_used": engine.runner.decode_attention,
         "decode_linear_used": engine.runner.decode_linear,
+        "decode_pdl": engine.runner.pdl_shape is not None,
         "top_k_kernel_used": engine.runner.top_k_kernel,
         "candidate_counts": engine.runner.candidate_counts,
     }

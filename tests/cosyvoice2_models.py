@@ -126,7 +126,7 @@ def install_llm_engine(
         repo,
         name,
         f"model_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
-        "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:<|s_0|>,"
+        "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_decode_pdl:auto,llm_stream_interval:auto,llm_output_tokens_from:<|s_0|>,"
         f"first_chunk_priority:{str(priority).lower()},audio_tokens_per_s:25,first_chunk_tokens:18",
     )
 

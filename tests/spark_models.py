@@ -100,7 +100,7 @@ def build_spark_models(repo: Path, data: Path) -> None:
             name,
             f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:{slots},"
             "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,"
-            f"llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:{interval},llm_output_tokens_from:{tokens.OUTPUT_WINDOW_FROM},"
+            f"llm_decode_attention:auto,llm_decode_linear:auto,llm_decode_pdl:auto,llm_stream_interval:{interval},llm_output_tokens_from:{tokens.OUTPUT_WINDOW_FROM},"
             "first_chunk_priority:false,audio_tokens_per_s:50,first_chunk_tokens:18",
         )
     for name, decoupled, llm in (

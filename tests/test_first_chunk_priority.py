@@ -108,7 +108,7 @@ def build_spark_priority_models(repo: Path, data: Path) -> None:
         SPARK_LLM,
         f"model_dir:{model_dir}/LLM,{COMMON},decoupled_mode:true,llm_max_batch_size:4,llm_max_seq_len:1024,"
         "llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,"
-        f"llm_decode_linear:auto,llm_stream_interval:auto,llm_output_tokens_from:{spark_tokens.OUTPUT_WINDOW_FROM},"
+        f"llm_decode_linear:auto,llm_decode_pdl:auto,llm_stream_interval:auto,llm_output_tokens_from:{spark_tokens.OUTPUT_WINDOW_FROM},"
         f"first_chunk_priority:true,audio_tokens_per_s:50,first_chunk_tokens:{SPARK_FIRST_CHUNK_TOKENS}",
     )
     install_spark_bls(repo, SPARK_BLS, model_dir, True, {"tensorrt_llm": SPARK_LLM, "vocoder": SPARK_VOCODER})

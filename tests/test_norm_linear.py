@@ -95,7 +95,7 @@ def test_engine_at_batch_one_gives_the_torch_tokens(module, monkeypatch):
     model = tiny_model()
     calls = []
     op = torch.ops.tritontts.norm_linear
-    monkeypatch.setattr(torch.ops.tritontts, "norm_linear", lambda *a: calls.append(1) or op(*a))
+    monkeypatch.setattr(torch.ops.tritontts, "norm_linear", lambda *a, **k: calls.append(1) or op(*a, **k))
     params = SamplingParams(max_tokens=10, temperature=0)
     tokens = {}
     for path in ("torch", "triton"):

@@ -210,6 +210,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("max_new_tokens", "auto"),
         ("llm_decode_attention", "auto"),
         ("llm_decode_linear", "auto"),
+        ("llm_decode_pdl", "auto"),
         ("token2wav_compile", "auto"),
         ("token2wav_first_chunks_first", "auto"),
         ("token2wav_voice_prefix_gib", "auto"),
@@ -231,6 +232,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         (["--model", "cosyvoice2", "--cuda_mps", "on"], "--cuda_mps must be true or false"),
         (["--model", "cosyvoice2", "--llm_decode_attention", "flash"], "--llm_decode_attention must be"),
         (["--llm_decode_linear", "cutlass"], "--llm_decode_linear must be auto, triton or torch"),
+        (["--llm_decode_pdl", "yes"], "--llm_decode_pdl must be auto, true or false"),
         (
             ["--model", "cosyvoice2", "--token2wav_compile", "yes"],
             "--token2wav_compile must be auto, true or false",
@@ -315,6 +317,8 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         "torch",
         "--llm_decode_linear",
         "triton",
+        "--llm_decode_pdl",
+        "false",
     ]
     command += ["--token2wav_compile", "true"] if backend == "torch" else []  # trtllm: the default, auto
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -361,6 +365,7 @@ def test_cosyvoice2_stage_2_fills_a_repository_whose_configs_parse(cosyvoice2_ex
         assert _parameters(parsed["tensorrt_llm"])["model_dir"] == bls["llm_tokenizer_dir"]
         assert _parameters(parsed["tensorrt_llm"])["decode_attention"] == "torch"
         assert _parameters(parsed["tensorrt_llm"])["decode_linear"] == "triton"
+        assert _parameters(parsed["tensorrt_llm"])["decode_pdl"] == "false"
 
 
 def test_cosyvoice2_dit_stages_0_2_write_both_checkpoints_and_a_dit_repository(tmp_path, bench_data):

@@ -110,7 +110,7 @@ def test_project_dispatches_decode_steps(kernel, batch, width, silu_mul, used, m
     shape = LayerShape(2, 1, 16, 1e-6, decode_linear="triton")
     calls = []
     op = torch.ops.tritontts.skinny_linear
-    monkeypatch.setattr(torch.ops.tritontts, "skinny_linear", lambda *a: calls.append(1) or op(*a))
+    monkeypatch.setattr(torch.ops.tritontts, "skinny_linear", lambda *a, **k: calls.append(1) or op(*a, **k))
     gen = torch.Generator().manual_seed(batch)
     x, w = torch.randn(batch, 1, width, generator=gen), torch.randn(64, width, generator=gen) * width**-0.5
     torch_path = project(LayerShape(2, 1, 16, 1e-6), x, w, silu_mul=silu_mul)

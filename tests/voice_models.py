@@ -38,7 +38,7 @@ def build_voice_spark_models(repo: Path, data: Path) -> None:
             repo,
             llm,
             f"model_dir:{llm_dir},{COMMON},decoupled_mode:{decoupled},llm_max_batch_size:4,"
-            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_stream_interval:auto,"
+            "llm_max_seq_len:1024,llm_dtype:float32,llm_device:cpu,llm_cuda_graphs:false,llm_compile:false,llm_decode_attention:auto,llm_decode_linear:auto,llm_decode_pdl:auto,llm_stream_interval:auto,"
             f"llm_output_tokens_from:{tokens.OUTPUT_WINDOW_FROM},first_chunk_priority:false,audio_tokens_per_s:25,first_chunk_tokens:18",
         )
         path = install(

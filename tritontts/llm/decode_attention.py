@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from tritontts.llm.pdl import gdc_launch_dependents, gdc_wait, launch_options
+
 BLOCK_N = 64  # keys per loop iteration of a split
 LOG2E = 1.4426950408889634
 FOLD_COMBINE = True
@@ -141,7 +143,11 @@ def _split_kernel(
     ROPE: tl.constexpr,
     WRITE: tl.constexpr,
     FOLD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the cache and the q/k/v projection are read only after the kernels before have ended
+        gdc_launch_dependents()
+        gdc_wait()
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     row = tl.program_id(2)
@@ -275,6 +281,7 @@ def decode_attention(
     new_k: torch.Tensor | None = None,
     new_v: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of `q [B, heads, dim]` over the first `lengths[b]` (at least 1) keys of cache row
     `first_slot + b` of `k_cache`/`v_cache [slots, kv_heads, max_seq_len, dim]` (read in place); returns
@@ -284,7 +291,8 @@ def decode_attention(
     (rotate-half RoPE). With `new_k`, `new_v` `[B, kv_heads, dim]` (contiguous features) and `positions [B]`,
     each row's new key (rotated, given `cos`) and value are written into its cache row at its position first.
     `counters`: int32 zeros, one per row and KV head (left zeroed), with which the last split combines (where
-    FOLD_COMBINE says so; a mutable argument may not be optional in torch 2.11, so it is always passed)."""
+    FOLD_COMBINE says so; a mutable argument may not be optional in torch 2.11, so it is always passed). `pdl`:
+    launched with programmatic dependent launch (`tritontts.llm.pdl`; eager callers only)."""
     batch, heads, dim = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     groups = heads // kv_heads
@@ -332,8 +340,10 @@ def decode_attention(
         ROPE=cos is not None,
         WRITE=write,
         FOLD=fold,
+        PDL=pdl,
         num_warps=4,
         num_stages=2,
+        **launch_options(pdl),
     )
     if not direct and not fold:
         wrap_triton(_combine_kernel)[(heads, batch)](

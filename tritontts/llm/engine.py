@@ -74,6 +74,7 @@ class LLMEngine:
         decode_linear: str = "auto",
         top_k_kernel: str = "auto",
         output_tokens_from: int | str = 0,
+        decode_pdl: bool | None = None,
     ) -> LLMEngine:
         """`output_tokens_from`: the first id the model may output, or the token there (`<|s_0|>`): see
         ModelRunner."""
@@ -91,6 +92,7 @@ class LLMEngine:
             decode_linear=decode_linear,
             top_k_kernel=top_k_kernel,
             output_tokens_from=start,
+            decode_pdl=decode_pdl,
         )
 
     def add_request(

@@ -83,6 +83,7 @@ class LayerShape:
     eps: float
     decode_attention: str = "torch"  # "triton": decode steps (one query per row) use the fused kernel
     decode_linear: str = "torch"  # "triton": batch-1 decode steps run their projections as skinny kernels
+    pdl: bool = False  # the Triton kernels launch with programmatic dependent launch (eager batch-1 steps)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def fused_decode_attention(
         k.view(batch, kv_heads, dim),
         v.view(batch, kv_heads, dim),
         ctx.positions.reshape(batch),
+        pdl=shape.pdl,
     )
 
 
@@ -245,7 +247,7 @@ def norm_project(
     rows = x.reshape(1, width)
     shares = None if delta is None else delta.reshape(-1, 1, width)
     out, residual = torch.ops.tritontts.norm_linear(
-        rows, shares, norm_weight, shape.eps, weight, bias, silu_mul
+        rows, shares, norm_weight, shape.eps, weight, bias, silu_mul, pdl=shape.pdl
     )
     return residual.view(1, 1, width), out.view(1, 1, -1)
 
@@ -267,11 +269,13 @@ def project(
     skinny = shape.decode_linear == "triton" and length == 1
     if skinny and batch <= SKINNY_ROWS and shares and bias is None and not silu_mul:
         rows = x.reshape(batch, width).contiguous()
-        out = torch.ops.tritontts.skinny_linear_partials(rows, weight)
+        out = torch.ops.tritontts.skinny_linear_partials(rows, weight, pdl=shape.pdl)
         return out.view(out.shape[0], batch, 1, -1)
     if skinny and width <= SKINNY_IN and (batch <= SKINNY_ROWS or (not shares and batch <= DOT_ROWS)):
         rows = x.reshape(batch, width).contiguous()
-        return torch.ops.tritontts.skinny_linear(rows, weight, bias, silu_mul).view(batch, 1, -1)
+        return torch.ops.tritontts.skinny_linear(rows, weight, bias, silu_mul, pdl=shape.pdl).view(
+            batch, 1, -1
+        )
     out = F.linear(x, weight, bias)
     if silu_mul:
         gate, up = out.chunk(2, dim=-1)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from tritontts.llm.pdl import gdc_launch_dependents, gdc_wait, launch_options
 from tritontts.llm.skinny_linear import block_n
 
 MAX_IN = 1024
@@ -42,7 +43,10 @@ def _norm_linear_kernel(
     BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK)
     n_mask = offs_n < n_out
@@ -52,6 +56,11 @@ def _norm_linear_kernel(
     if SILU_MUL:
         up_rows = offs_n + up_offset
         u = tl.load(w_ptr + up_rows[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    norm = tl.load(norm_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
     total = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
     for s in tl.static_range(SHARES):
         total += tl.load(d_ptr + s * stride_ds + offs_k, mask=k_mask, other=0.0).to(tl.float32)
@@ -61,13 +70,12 @@ def _norm_linear_kernel(
     h = residual.to(tl.float32)
     scale = tl.rsqrt(tl.sum(h * h, axis=0) / k_in + eps)
     normed = (h * scale).to(res_ptr.dtype.element_ty).to(tl.float32)
-    weight = tl.load(norm_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    xin = (weight * normed).to(res_ptr.dtype.element_ty).to(tl.float32)
+    xin = (norm * normed).to(res_ptr.dtype.element_ty).to(tl.float32)
     acc = tl.sum(xin[None, :] * w.to(tl.float32), axis=1)
     if SILU_MUL:
         acc_up = tl.sum(xin[None, :] * u.to(tl.float32), axis=1)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        acc += bias
     if SILU_MUL:
         acc = acc * tl.sigmoid(acc) * acc_up
     tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
@@ -84,11 +92,13 @@ def norm_linear(
     silu_mul: bool,
     width: int = 0,
     warps: int = 4,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`F.linear(rms_norm(r), weight, bias)`, `r`) for the residual `r = x + delta` of one row `x [1, K]`,
     rounded to x's dtype, where `delta` is `[S, 1, K]` whose S rows (fp32 shares, or one row in x's dtype) are
     added to x in order in fp32 (None: r is x); with `silu_mul` the weight's gate then up rows give
-    `silu(gate) * up`."""
+    `silu(gate) * up`. `pdl`: launched with programmatic dependent launch (`tritontts.llm.pdl`; eager callers
+    only)."""
     k_in = x.shape[-1]
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(1, n_out, device=x.device, dtype=x.dtype)
@@ -113,6 +123,8 @@ def norm_linear(
         BLOCK=triton.next_power_of_2(k_in),
         HAS_BIAS=bias is not None,
         SILU_MUL=silu_mul,
+        PDL=pdl,
         num_warps=warps,
+        **launch_options(pdl),
     )
     return out, residual

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from tritontts.llm.buckets import batch_buckets, bucket_of, kv_buckets, prefill_buckets, prefill_chunks
 from tritontts.llm.decode_kernels import resolve_decode_attention
 from tritontts.llm.kv_cache import KVCache
-from tritontts.llm.model import Context, Qwen2ForCausalLM, decode_lengths, decoder_layer
+from tritontts.llm.model import Context, LayerShape, Qwen2ForCausalLM, decode_lengths, decoder_layer
+from tritontts.llm.pdl import pdl_problem
 from tritontts.llm.sampling import SMALL_TOP_K, choose, sample, sampling_logits
 from tritontts.llm.sequence import SamplingParams
 from tritontts.llm.slot_state import SlotState
@@ -72,6 +73,7 @@ class ModelRunner:
         top_k_kernel: str = "auto",
         output_tokens_from: int = 0,
         compile_prefill: bool = True,
+        decode_pdl: bool | None = None,
     ):
         """`output_tokens_from`: the first vocabulary id the model may output; the head computes only the rows
         from it on (a speech LLM whose outputs all follow its text vocabulary reads a fraction of the head's
@@ -80,7 +82,10 @@ class ModelRunner:
         captured, none elsewhere; pass some on CPU to run the same padded path eagerly).
         `decode_attention`, `decode_linear`, `top_k_kernel`: "auto", "torch" or "triton" (see
         `resolve_decode_attention`). `compile_prefill`: with `compile`, the padded prefill's layers run compiled too
-        (one compiled layer, its prompt length dynamic after the first bucket).
+        (one compiled layer, its prompt length dynamic after the first bucket). `decode_pdl`: batch-1 decode steps,
+        whose layers are then all Triton kernels (`decode_linear` and `decode_attention` resolved to "triton"), run
+        their layers uncompiled with the kernels launched by programmatic dependent launch (`tritontts.llm.pdl`);
+        None: where the device and kernels allow it, True: or raise, False: never.
 
         Decode samples among `max_top_k` candidates (the whole vocabulary when smaller). When every running
         request wants at most SMALL_TOP_K (greedy ones want one), a step selects only that many, the rest
@@ -122,6 +127,7 @@ class ModelRunner:
         self.shape = dataclasses.replace(
             model.layer_shape, decode_attention=self.decode_attention, decode_linear=self.decode_linear
         )
+        self.pdl_shape = self._pdl_shape(decode_pdl)
         self.weights = [tuple(w.detach() for w in layer.weights()) for layer in model.model.layers]
         self.buckets = (
             sorted({b for b in graph_batch_sizes if b < max_batch_size} | {max_batch_size})
@@ -312,15 +318,30 @@ class ModelRunner:
     def free_slot(self, slot: int) -> None:
         self.state.clear(slot)
 
+    def _pdl_shape(self, wanted: bool | None) -> LayerShape | None:
+        if wanted is False:
+            return None
+        problem = pdl_problem(self.device)
+        if problem is None and "torch" in (self.decode_linear, self.decode_attention):
+            problem = "needs decode_linear and decode_attention on the Triton kernels"
+        if problem is None:
+            return dataclasses.replace(self.shape, pdl=True)
+        if wanted:
+            raise ValueError(f"decode_pdl {problem}")
+        return None
+
     def _decode_step(self, batch: int, kv_len: int, candidates: int) -> None:
         x, cos, sin, blocked, rows, positions, lengths = self.inputs_fn(batch, kv_len)
         counters = self.attention_counters if lengths is not None else None
         ctx = Context(cos, sin, positions, blocked, rows, slice(0, batch), None, lengths, counters)
-        if self.compiled:
+        layer_fn, shape = self.layer_fn, self.shape
+        if batch == 1 and self.pdl_shape is not None:  # launches a compiled layer would make without PDL
+            layer_fn, shape = decoder_layer, self.pdl_shape
+        elif self.compiled:
             torch._dynamo.maybe_mark_dynamic(ctx.blocked, 3)  # one compiled layer for every key length
         delta = None
         for weights, k_cache, v_cache in zip(self.weights, self.cache.k, self.cache.v):
-            x, delta = self.layer_fn(self.shape, weights, x, delta, k_cache, v_cache, ctx)
+            x, delta = layer_fn(shape, weights, x, delta, k_cache, v_cache, ctx)
         logits = self.logits_fn(batch, x, delta)
         self.advance_fn(batch, *self._select(logits, candidates))
 

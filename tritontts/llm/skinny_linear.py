@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from tritontts.llm.pdl import gdc_launch_dependents, gdc_wait, launch_options
+
 MAX_ROWS = 1
 """Input rows (decode batch) up to which programs multiply on the CUDA cores (fp32 products of every weight element
 with every row); more rows go through `tl.dot` (tensor cores, the rows padded to 16)."""
@@ -64,7 +66,10 @@ def _skinny_kernel(
     SILU_MUL: tl.constexpr,
     DOT: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_start = tl.program_id(1) * k_chunk
     k_end = tl.minimum(k_start + k_chunk, k_in)
@@ -80,16 +85,19 @@ def _skinny_kernel(
     for k0 in range(k_start, k_end, BLOCK):
         offs_k = k0 + tl.arange(0, BLOCK)
         k_mask = offs_k < k_end
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-            mask=m_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        )
         w_mask = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
         if SILU_MUL:
             up_rows = offs_n + up_offset
             u = tl.load(w_ptr + up_rows[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+        if PDL:
+            if k0 == k_start:  # the first weights are on their way: now the previous kernel's output
+                gdc_wait()
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
         if DOT:
             acc += _dot(x, tl.trans(w), IEEE)
             if SILU_MUL:
@@ -128,7 +136,7 @@ def default_block_k(k_in: int, rows: int = 1, silu_mul: bool = False) -> int:
     return min(1024, triton.next_power_of_2(k_in))
 
 
-def _launch(x, weight, bias, out, n_out, silu_mul, width, block_k, splits=1, warps=4) -> None:
+def _launch(x, weight, bias, out, n_out, silu_mul, width, block_k, splits=1, warps=4, pdl=False) -> None:
     rows, k_in = x.shape
     dot = rows > MAX_ROWS
     block = block_k or default_block_k(k_in, rows, silu_mul)
@@ -154,7 +162,9 @@ def _launch(x, weight, bias, out, n_out, silu_mul, width, block_k, splits=1, war
         SILU_MUL=silu_mul,
         DOT=dot,
         IEEE=x.dtype == torch.float32 or x.device.type == "cpu",
+        PDL=pdl,
         num_warps=warps,
+        **launch_options(pdl),
     )
 
 
@@ -167,15 +177,17 @@ def skinny_linear(
     width: int = 0,
     block_k: int = 0,
     warps: int = 4,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for `x [M, K]` (contiguous rows; see MAX_ROWS, DOT_ROWS); with `silu_mul`, weight
     `[2 N, K]` holds gate rows then up rows and the result is `silu(gate) * up`, `[M, N]`. `width` (output
-    features per program) and `block_k`: 0 for the defaults; `warps` per program."""
+    features per program) and `block_k`: 0 for the defaults; `warps` per program; `pdl`: launched with programmatic
+    dependent launch (`tritontts.llm.pdl`; eager callers only)."""
     rows, k_in = x.shape
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = torch.empty(rows, n_out, device=x.device, dtype=x.dtype)
     width = width or block_n(n_out, k_in, silu_mul, rows)
-    _launch(x, weight, bias, out, n_out, silu_mul, width, block_k, 1, warps)
+    _launch(x, weight, bias, out, n_out, silu_mul, width, block_k, 1, warps, pdl)
     return out
 
 
@@ -187,6 +199,7 @@ def skinny_linear_partials(
     width: int = 0,
     block_k: int = 0,
     warps: int = 4,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """`x @ weight.T` for `x [M, K]` as fp32 shares `[S, M, N]` whose sum over the first dimension is the product:
     share s sums about `K / splits` consecutive input features (S is `splits` or fewer, when K is short)."""
@@ -196,5 +209,5 @@ def skinny_linear_partials(
     shares = triton.cdiv(k_in, triton.cdiv(triton.cdiv(k_in, splits), block) * block)
     out = torch.empty(shares, rows, n_out, device=x.device, dtype=torch.float32)
     width = width or (2 if rows <= MAX_ROWS else 16)
-    _launch(x, weight, None, out, n_out, False, width, block, splits, warps)
+    _launch(x, weight, None, out, n_out, False, width, block, splits, warps, pdl)
     return out

@@ -40,6 +40,11 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r} (use true/false)")
 
 
+def parse_auto_bool(text: str) -> bool | None:
+    """`auto` (None: the callee decides) or a boolean."""
+    return None if text.strip().lower() == "auto" else parse_bool(text)
+
+
 def model_param(
     model_config: Mapping | str, name: str, type: Callable[[str], T] = str, default: T = _REQUIRED
 ) -> T:

@@ -21,7 +21,7 @@ from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import llm_pause_check
 from tritontts.triton.instance_device import instance_device
 from tritontts.triton.metrics import EngineGauges, release_metrics
-from tritontts.triton.params import error_response, model_param, optional_input
+from tritontts.triton.params import error_response, model_param, optional_input, parse_auto_bool
 from tritontts.triton.stream_sender import Outbox
 from tritontts.triton.stubs import end_stub_process
 from tritontts.triton.token_coalescer import TokenCoalescer, auto_interval, parse_stream_interval
@@ -86,6 +86,7 @@ class TritonPythonModel:
             compile=model_param(config, "compile", bool, default=False),
             decode_attention=model_param(config, "decode_attention", default="auto"),
             decode_linear=model_param(config, "decode_linear", default="auto"),
+            decode_pdl=model_param(config, "decode_pdl", parse_auto_bool, default=None),
             output_tokens_from=model_param(config, "output_tokens_from", default=""),
         )
         fixed = parse_stream_interval(model_param(config, "stream_interval", default="auto"))

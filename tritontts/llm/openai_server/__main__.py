@@ -42,6 +42,13 @@ def get_parser() -> argparse.ArgumentParser:
         help="decode steps' projections at batch 1-64: Triton kernels (auto: on CUDA) or cuBLAS",
     )
     p.add_argument(
+        "--decode-pdl",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="batch-1 decode steps: their layers' Triton kernels launched with programmatic dependent launch "
+        "(default: where the GPU is sm_90+ and the layers run the Triton kernels)",
+    )
+    p.add_argument(
         "--output-tokens-from",
         default="",
         help="the first vocabulary token the model may output, as text (<|s_0|>) or id; the head computes the "
@@ -65,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         decode_attention=args.decode_attention,
         decode_linear=args.decode_linear,
         output_tokens_from=args.output_tokens_from,
+        decode_pdl=args.decode_pdl,
     )
     served = ServedModel.from_model_dir(engine, args.model_dir, args.served_model_name)
     uvicorn.run(create_app(served), host=args.host, port=args.port, log_level=args.log_level)
