@@ -1,6 +1,7 @@
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models
 
@@ -79,6 +80,17 @@ def test_prompt_ids_and_semantic_mapping(llm_dir):
     generated = [ids.semantic_token_id(7), 13, ids.semantic_token_id(8191), ids.end_semantic, ids.eos]
     text = tokenizer.decode(generated, skip_special_tokens=True)
     assert ids.semantic_ids(generated) == parse_semantic_tokens(text) == [7, 8191]
+
+
+def test_token_id_arrays_match_the_one_by_one_ids(llm_dir):
+    ids = SparkTokenIds.from_llm_dir(llm_dir)
+    semantic, globals_ = np.array([0, 7, 8191], dtype=np.int32), np.array([0, 4095], dtype=np.int32)
+    assert ids.semantic_token_ids(semantic).tolist() == [ids.semantic_token_id(int(s)) for s in semantic]
+    assert ids.global_token_ids(globals_).tolist() == [ids.global_token_id(int(g)) for g in globals_]
+    with pytest.raises(ValueError, match="semantic id 8192 outside 0..8191"):
+        ids.semantic_token_ids(np.array([3, 8192]))
+    with pytest.raises(ValueError, match="global id -1 outside 0..4095"):
+        ids.global_token_ids(np.array([-1]))
 
 
 def _word_level(semantic_gap_at: int | None) -> Tokenizer:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 SEMANTIC_PATTERN = re.compile(r"<\|bicodec_semantic_(\d+)\|>")
@@ -206,3 +207,19 @@ class SparkTokenIds:
         if not 0 <= global_id < GLOBAL_CODEBOOK:
             raise ValueError(f"global id {global_id} outside 0..{GLOBAL_CODEBOOK - 1}")
         return self.global_base + global_id
+
+    def semantic_token_ids(self, semantic_ids: np.ndarray) -> np.ndarray:
+        """`semantic_token_id` of each id of an array, at once."""
+        return _offset(semantic_ids, self.semantic_base, SEMANTIC_CODEBOOK, "semantic")
+
+    def global_token_ids(self, global_ids: np.ndarray) -> np.ndarray:
+        """`global_token_id` of each id of an array, at once."""
+        return _offset(global_ids, self.global_base, GLOBAL_CODEBOOK, "global")
+
+
+def _offset(ids: np.ndarray, base: int, codebook: int, kind: str) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= codebook):
+        bad = ids[(ids < 0) | (ids >= codebook)][0]
+        raise ValueError(f"{kind} id {bad} outside 0..{codebook - 1}")
+    return ids + base

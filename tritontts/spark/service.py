@@ -210,13 +210,14 @@ class SparkPrompter:
     def prompt_ids(self, reference_text: str, target_text: str, voice: VoiceTokens) -> np.ndarray:
         m = self._marker
         text_ids = self.tokenizer.encode(reference_text + target_text, add_special_tokens=False).ids
-        ids = [m[TASK_TTS], m[START_CONTENT], *text_ids, m[END_CONTENT], m[START_GLOBAL]]
-        ids += [self.ids.global_token_id(int(g)) for g in voice.global_tokens]
-        ids.append(m[END_GLOBAL])
+        parts = [
+            [m[TASK_TTS], m[START_CONTENT], *text_ids, m[END_CONTENT], m[START_GLOBAL]],
+            self.ids.global_token_ids(voice.global_tokens),
+            [m[END_GLOBAL]],
+        ]
         if reference_text:
-            ids.append(m[START_SEMANTIC])
-            ids += [self.ids.semantic_token_id(int(s)) for s in voice.semantic_tokens]
-        return np.asarray(ids, dtype=np.int32)
+            parts += [[m[START_SEMANTIC]], self.ids.semantic_token_ids(voice.semantic_tokens)]
+        return np.concatenate([np.asarray(part, dtype=np.int64) for part in parts]).astype(np.int32)
 
     def control_prompt_ids(self, target_text: str, control: VoiceControl) -> np.ndarray:
         """Upstream's voice-creation prompt string (`process_prompt_control`), tokenized as upstream does."""
