@@ -31,6 +31,7 @@ from tritontts.llm.model import attention_block, decode_lengths, decoder_layer
 from tritontts.llm.runner import ModelRunner
 from tritontts.llm.sequence import SamplingParams
 from tritontts.synthetic.qwen2 import qwen2_config, qwen2_state_dict
+from tritontts.triton.params import parse_auto_bool
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TARGETS = {  # issue 17 (H100)
@@ -486,7 +487,7 @@ def main() -> None:
         decode_linear=args.decode_linear,
         top_k_kernel=args.top_k_kernel,
         output_tokens_from=output_token_id(args.model_dir or ".", args.output_tokens_from),
-        decode_pdl={"auto": None, "true": True, "false": False}[args.decode_pdl],
+        decode_pdl=parse_auto_bool(args.decode_pdl),
     )
     build_s = time.perf_counter() - start
     lap("engine_build")

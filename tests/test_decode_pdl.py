@@ -4,6 +4,8 @@ layers launched with it compute exactly what they compute without."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +13,9 @@ from triton_interpreter import tiny_model
 
 from tritontts.llm import pdl
 from tritontts.llm.engine import LLMEngine
-from tritontts.llm.model import LayerShape, decode_lengths, decoder_layer
 from tritontts.triton.params import parse_auto_bool
 
+REPO = Path(__file__).resolve().parents[1]
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
@@ -46,24 +48,12 @@ def test_the_model_parameter(text, value):
 
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90+ GPU")
 def test_layers_launched_with_pdl_equal_the_plain_launches():
+    """scripts/bench_llm.py's check: the layers one by one and replayed from a CUDA graph, against plain launches."""
+    spec = importlib.util.spec_from_file_location("bench_llm", REPO / "scripts" / "bench_llm.py")
+    bench_llm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_llm)
     model = tiny_model().to("cuda", torch.bfloat16)
     engine = LLMEngine.from_model(model, max_batch_size=1, max_seq_len=64, decode_pdl=True, cuda_graphs=False)
-    runner = engine.runner
-    assert runner.pdl_shape == dataclasses.replace(runner.shape, pdl=True)
-    positions = torch.full((1, 1), 20, device="cuda")
-    ctx = runner.model.context(torch.zeros_like(positions), positions, slice(0, 1), 64)
-    counters = torch.zeros(model.config.num_key_value_heads, dtype=torch.int32, device="cuda")
-    ctx = dataclasses.replace(ctx, lengths=decode_lengths(positions, 64), counters=counters)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x0 = torch.randn(1, 1, model.config.hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16)
-    cache = torch.randn(runner.cache.k[0].shape, generator=gen, device="cuda", dtype=torch.bfloat16)
-
-    def layers(shape: LayerShape) -> torch.Tensor:
-        x, delta, keys = x0, None, []
-        for weights in runner.weights:
-            k, v = cache.clone(), cache.clone()
-            x, delta = decoder_layer(shape, weights, x, delta, k, v, ctx)
-            keys.append(k[0, :, 20])
-        return torch.cat([x.float().flatten(), delta.float().flatten(), torch.stack(keys).float().flatten()])
-
-    torch.testing.assert_close(layers(runner.pdl_shape), layers(runner.shape), atol=0, rtol=0)
+    assert engine.runner.pdl_shape == dataclasses.replace(engine.runner.shape, pdl=True)
+    result = bench_llm.decode_pdl_check(engine.runner)
+    assert result == {"max_abs_diff_launched": 0.0, "max_abs_diff_graph": 0.0, "ok": True}

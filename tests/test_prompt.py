@@ -82,11 +82,16 @@ def test_prompt_ids_and_semantic_mapping(llm_dir):
     assert ids.semantic_ids(generated) == parse_semantic_tokens(text) == [7, 8191]
 
 
-def test_token_id_arrays_match_the_one_by_one_ids(llm_dir):
+def test_token_ids_of_arrays_and_of_one_id(llm_dir):
     ids = SparkTokenIds.from_llm_dir(llm_dir)
     semantic, globals_ = np.array([0, 7, 8191], dtype=np.int32), np.array([0, 4095], dtype=np.int32)
-    assert ids.semantic_token_ids(semantic).tolist() == [ids.semantic_token_id(int(s)) for s in semantic]
-    assert ids.global_token_ids(globals_).tolist() == [ids.global_token_id(int(g)) for g in globals_]
+    assert ids.semantic_token_ids(semantic).tolist() == [layout.SEMANTIC_BASE + s for s in (0, 7, 8191)]
+    assert ids.global_token_ids(globals_).tolist() == [layout.GLOBAL_BASE, layout.GLOBAL_BASE + 4095]
+    assert (
+        ids.semantic_token_id(7) == layout.SEMANTIC_BASE + 7 and ids.global_token_id(0) == layout.GLOBAL_BASE
+    )
+    with pytest.raises(ValueError, match="semantic id 8192 outside 0..8191"):
+        ids.semantic_token_id(8192)
     with pytest.raises(ValueError, match="semantic id 8192 outside 0..8191"):
         ids.semantic_token_ids(np.array([3, 8192]))
     with pytest.raises(ValueError, match="global id -1 outside 0..4095"):

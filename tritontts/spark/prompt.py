@@ -199,21 +199,17 @@ class SparkTokenIds:
         return [int(t) - base for t in generated if base <= int(t) < base + GLOBAL_CODEBOOK]
 
     def semantic_token_id(self, semantic_id: int) -> int:
-        if not 0 <= semantic_id < SEMANTIC_CODEBOOK:
-            raise ValueError(f"semantic id {semantic_id} outside 0..{SEMANTIC_CODEBOOK - 1}")
-        return self.semantic_base + semantic_id
+        return int(self.semantic_token_ids(np.array([semantic_id]))[0])
 
     def global_token_id(self, global_id: int) -> int:
-        if not 0 <= global_id < GLOBAL_CODEBOOK:
-            raise ValueError(f"global id {global_id} outside 0..{GLOBAL_CODEBOOK - 1}")
-        return self.global_base + global_id
+        return int(self.global_token_ids(np.array([global_id]))[0])
 
     def semantic_token_ids(self, semantic_ids: np.ndarray) -> np.ndarray:
-        """`semantic_token_id` of each id of an array, at once."""
+        """The vocabulary ids of semantic codebook ids, checked to lie in the codebook."""
         return _offset(semantic_ids, self.semantic_base, SEMANTIC_CODEBOOK, "semantic")
 
     def global_token_ids(self, global_ids: np.ndarray) -> np.ndarray:
-        """`global_token_id` of each id of an array, at once."""
+        """The vocabulary ids of global codebook ids, checked to lie in the codebook."""
         return _offset(global_ids, self.global_base, GLOBAL_CODEBOOK, "global")
 
 
