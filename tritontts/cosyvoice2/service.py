@@ -187,8 +187,8 @@ class CosyVoice2Service:
         """Audio chunks to play back to back (token2wav cross-fades them itself), as upstream's BLS sends them.
 
         A chunk is vocoded once `token_offset + hop + pre_lookahead` tokens exist; the last call finalizes.
-        `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` before the first chunk is yielded.
-        Closing this generator early closes the LLM stream, which cancels generation.
+        `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` once the first chunk has been taken
+        from this generator (sent). Closing this generator early closes the LLM stream, which cancels generation.
         """
         timer = StageTimer()
         voice = self.voice(request)
@@ -293,10 +293,11 @@ class CosyVoice2Service:
                         timer.mark("llm_chunk_tokens")
                     audio = self.token2wav(chunk, voice, offset, False, request_id)
                     next_offset = offset + hop
-                    if index == 0 and on_first_chunk is not None:
+                    if index == 0:
                         timer.mark("token2wav")
-                        on_first_chunk(timer.stages)
                     yield audio
+                    if index == 0 and on_first_chunk is not None:
+                        on_first_chunk(timer.stages)  # once the chunk is sent: recording never delays it
                     offset += hop
                     hop = self.schedule.next_hop(index, offset, len(tokens), time.monotonic() - started)
                     index += 1

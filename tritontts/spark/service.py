@@ -303,7 +303,8 @@ class SparkTTSService:
     ) -> Iterator[np.ndarray]:
         """Audio chunks that overlap by the schedule's overlap, for the client to cross-fade.
 
-        `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` before the first chunk is yielded.
+        `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` once the first chunk has been taken
+        from this generator (sent), so that recording them never delays it.
         Closing this generator early (a cancelled request) closes the LLM stream, which cancels generation.
         """
         timer = StageTimer()
@@ -314,16 +315,18 @@ class SparkTTSService:
         chunker = TokenChunker(self.schedule)
         vocoded = 0
 
-        def vocode(chunk: list[int]) -> np.ndarray:
+        def vocode(chunk: list[int]) -> Iterator[np.ndarray]:
             nonlocal vocoded
-            if vocoded == 0:
+            first = vocoded == 0
+            if first:
                 timer.mark("llm_chunk_tokens")
-            audio = self.vocode(global_tokens, np.asarray(chunk, dtype=np.int32), vocoded == 0)
-            if vocoded == 0 and on_first_chunk is not None:
-                timer.mark("vocoder")
-                on_first_chunk(timer.stages)
+            audio = self.vocode(global_tokens, np.asarray(chunk, dtype=np.int32), first)
             vocoded += 1
-            return audio
+            if first:
+                timer.mark("vocoder")
+            yield audio
+            if first and on_first_chunk is not None:
+                on_first_chunk(timer.stages)
 
         try:
             for ids in stream:
@@ -335,7 +338,7 @@ class SparkTTSService:
                         global_tokens = self._created_globals(created)
                 pending += chunker.push(self.prompter.ids.semantic_ids(ids.tolist()))
                 while pending and global_tokens is not None:
-                    yield vocode(pending.pop(0))
+                    yield from vocode(pending.pop(0))
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
@@ -346,4 +349,4 @@ class SparkTTSService:
         if global_tokens is None:
             global_tokens = self._created_globals(created)
         for chunk in [*pending, *([last] if last else [])]:
-            yield vocode(chunk)
+            yield from vocode(chunk)

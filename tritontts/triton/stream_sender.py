@@ -24,6 +24,8 @@ def serve_stream(
 ) -> None:
     """Runs on a worker thread: a chunk per response until the generator ends or the client cancels.
 
+    Cancellation is asked after each chunk is sent (a round trip to the server), before the next is made: a
+    chunk in hand goes out at once.
     A failure that cannot even be reported to the client is logged (the server log), never lost silently.
     """
     final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -31,10 +33,10 @@ def serve_stream(
     try:
         chunks = make_chunks()
         for chunk in chunks:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(output_name, chunk.reshape(1, -1))]))
             if request.is_cancelled():
                 chunks.close()
                 break
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(output_name, chunk.reshape(1, -1))]))
         sender.send(flags=final)
     except Exception as err:
         try:

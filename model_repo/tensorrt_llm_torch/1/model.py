@@ -9,6 +9,7 @@ default-mode model answer through the sender): exactly one response per request,
 
 import dataclasses
 import json
+import time
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -26,6 +27,10 @@ from tritontts.triton.stream_sender import Outbox
 from tritontts.triton.stubs import end_stub_process
 from tritontts.triton.token_coalescer import TokenCoalescer, auto_interval, parse_stream_interval
 
+CANCEL_POLL_S = 0.02
+"""How often a request's events ask whether its caller cancelled: each ask is a round trip to the server process,
+one more per token beside the token's own response, on the thread that shares the GIL with the engine's."""
+
 
 def _response(tokens):
     return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in response_arrays(tokens).items()])
@@ -40,9 +45,17 @@ class _Stream:
         self.prefix = [] if parsed.exclude_input else list(parsed.prompt_ids)
         self.tokens = []
         self.request_id = None
+        self.next_cancel_poll = 0.0
+
+    def _cancelled(self):
+        now = time.monotonic()
+        if now < self.next_cancel_poll:
+            return False
+        self.next_cancel_poll = now + CANCEL_POLL_S
+        return self.request.is_cancelled()
 
     def __call__(self, event):
-        if self.request.is_cancelled() and not event.finished:
+        if not event.finished and self._cancelled():
             self.engine.cancel(event.request_id)
             return
         if event.finish_reason == FinishReason.ERROR:
