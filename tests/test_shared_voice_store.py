@@ -128,3 +128,8 @@ def test_the_parameter(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert voice_store(str(blocked / "v"), "m", Voice) is None
+
+
+def test_a_new_store_warms_up_in_memory_and_writes_nothing(tmp_path: Path) -> None:
+    store = SharedVoiceStore(tmp_path / "voices", VoiceTokens)
+    assert len(store) == 0 and list((tmp_path / "voices").iterdir()) == []

@@ -9,6 +9,7 @@ place, so an instance reads a whole file or none; past `capacity` files the leas
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import re
@@ -64,6 +65,16 @@ def server_folder(model_name: str, root: Path | None = None) -> Path:
     return root / f"{model_name}-{os.getppid()}"
 
 
+def _warm_npz_reading() -> None:
+    """Reads a small .npz from memory: a process's first np.load of one (zipfile's codec import, numpy's first
+    calls) costs several times a later one, which each BLS instance's first stored voice paid."""
+    buffer = io.BytesIO()
+    np.savez(buffer, warm=np.zeros(1, dtype=np.int32))
+    buffer.seek(0)
+    with np.load(buffer, allow_pickle=False) as data:
+        data["warm"]
+
+
 class SharedVoiceStore(Generic[V]):
     """`load(key)` / `save(key, value)` of `value_type` (a dataclass) values in `directory`."""
 
@@ -72,6 +83,7 @@ class SharedVoiceStore(Generic[V]):
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.value_type = value_type
         self.capacity = capacity
+        _warm_npz_reading()
 
     def _path(self, key: str) -> Path:
         if not _KEY.fullmatch(key):

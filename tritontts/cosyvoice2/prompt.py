@@ -87,6 +87,8 @@ class CosyVoice2Prompt:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids = CosyVoice2TokenIds.from_tokenizer(tokenizer)
+        # a process's first prompt costs several later ones, which each BLS instance's first request paid
+        self.input_ids("预热。", "Warm up, 预热。", [0])
 
     @classmethod
     def from_llm_dir(cls, llm_dir: str | Path) -> CosyVoice2Prompt:

@@ -195,6 +195,10 @@ class SparkPrompter:
             m: self.tokenizer.token_to_id(m)
             for m in (TASK_TTS, START_CONTENT, END_CONTENT, START_GLOBAL, END_GLOBAL, START_SEMANTIC)
         }
+        # a process's first prompt (the tokenizer's first encode, numpy's first calls) costs several later ones,
+        # which each BLS instance's first request paid: one is made at load
+        warm_voice = VoiceTokens(np.zeros(GLOBAL_TOKEN_COUNT, dtype=np.int32), np.zeros(1, dtype=np.int32))
+        self.prompt_ids("预热。", "Warm up, 预热。", warm_voice)
 
     def _pad_id(self, llm_dir: Path) -> int:
         config = json.loads((llm_dir / "tokenizer_config.json").read_text())
