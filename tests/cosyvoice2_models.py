@@ -172,3 +172,22 @@ def tiny_prompter(folder: Path):
 
     llm_dir = write_cosyvoice2_llm(folder / "cosyvoice2_llm", "tiny", qwen2lm_state_dict(), 0)
     return CosyVoice2Prompt.from_llm_dir(Path(llm_dir))
+
+
+def cached_voice_service(prompter, generate, token2wav, **options):
+    """A CosyVoice2Service of `prompter` whose requests without a reference speak a cached voice (no front end)."""
+    import numpy as np
+
+    from tritontts.cosyvoice2.prompt import Decoding
+    from tritontts.cosyvoice2.service import CosyVoice2Service, Voice
+
+    return CosyVoice2Service(
+        prompter,
+        tokenize=None,
+        embed=None,
+        generate=generate,
+        token2wav=token2wav,
+        default_voice=Voice("cached text ", np.array([3, 1], dtype=np.int32)),
+        sampling=prompter.sampling_params(Decoding(max_tokens=100)),
+        **options,
+    )

@@ -10,7 +10,7 @@ import json
 import httpx
 import numpy as np
 import pytest
-from cosyvoice2_models import tiny_prompter
+from cosyvoice2_models import cached_voice_service, tiny_prompter
 
 from tritontts.cosyvoice2.llm_http import (
     ChatEndpoint,
@@ -18,8 +18,8 @@ from tritontts.cosyvoice2.llm_http import (
     SpeechTokenParser,
     speech_chat_payload,
 )
-from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, Decoding
-from tritontts.cosyvoice2.service import CosyVoice2Request, CosyVoice2Service, Voice
+from tritontts.cosyvoice2.prompt import CosyVoice2Prompt
+from tritontts.cosyvoice2.service import CosyVoice2Request
 from tritontts.cosyvoice2.tokens import ORIGINAL_VOCAB_SIZE
 from tritontts.llm.sequence import SamplingParams
 from tritontts.spark.service import TokenBudget
@@ -136,16 +136,7 @@ def test_service_uses_generate_chat_with_texts_tokens_and_budget(prompter):
     def token2wav(tokens, voice, offset, finalize, request_id):
         return np.zeros(tokens.size * 960, dtype=np.float32)
 
-    service = CosyVoice2Service(
-        prompter,
-        tokenize=None,
-        embed=None,
-        generate=generate,
-        token2wav=token2wav,
-        default_voice=Voice("cached text ", np.array([3, 1], dtype=np.int32)),
-        sampling=prompter.sampling_params(Decoding(max_tokens=100)),
-        generate_chat=generate_chat,
-    )
+    service = cached_voice_service(prompter, generate, token2wav, generate_chat=generate_chat)
     request = CosyVoice2Request(None, "", "hello", TokenBudget(2, 2))
     assert service.synthesize(request, "r1").size == 2 * 960
     reference_text, target_text, tokens, sampling, streaming = calls[0]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cosyvoice2_models import tiny_prompter
+from cosyvoice2_models import cached_voice_service, tiny_prompter
 
-from tritontts.cosyvoice2.prompt import CosyVoice2Prompt, Decoding
-from tritontts.cosyvoice2.service import CosyVoice2Request, CosyVoice2Service, Voice
+from tritontts.cosyvoice2.prompt import CosyVoice2Prompt
+from tritontts.cosyvoice2.service import CosyVoice2Request
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +26,10 @@ def service_logging(prompter: CosyVoice2Prompt, ended: list, calls: list, fail_a
             raise RuntimeError("token2wav failed")
         return np.zeros(960, dtype=np.float32)
 
-    return CosyVoice2Service(
+    return cached_voice_service(
         prompter,
-        tokenize=None,
-        embed=None,
-        generate=generate,
-        token2wav=token2wav,
-        default_voice=Voice("cached text ", np.array([3, 1], dtype=np.int32)),
-        sampling=prompter.sampling_params(Decoding(max_tokens=100)),
+        generate,
+        token2wav,
         end_stream=lambda voice, offset, request_id: ended.append((voice.text, offset, request_id)),
     )
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cosyvoice2_models import tiny_prompter
+from cosyvoice2_models import cached_voice_service, tiny_prompter
 
-from tritontts.cosyvoice2.prompt import Decoding
 from tritontts.cosyvoice2.service import FIRST_CHUNK_STAGES as COSYVOICE2_STAGES
-from tritontts.cosyvoice2.service import CosyVoice2Request, CosyVoice2Service, Voice
+from tritontts.cosyvoice2.service import CosyVoice2Request
 from tritontts.spark.service import FIRST_CHUNK_STAGES as SPARK_STAGES
 from tritontts.spark.service import (
     RequestLimits,
@@ -51,15 +50,7 @@ def cosyvoice2_stream(tmp_path, recorded: list, vocoded: list):
         vocoded.append(offset)
         return np.zeros(960, dtype=np.float32)
 
-    service = CosyVoice2Service(
-        prompter,
-        tokenize=None,
-        embed=None,
-        generate=generate,
-        token2wav=token2wav,
-        default_voice=Voice("cached text ", np.array([3, 1], dtype=np.int32)),
-        sampling=prompter.sampling_params(Decoding(max_tokens=100)),
-    )
+    service = cached_voice_service(prompter, generate, token2wav)
     return service.stream(CosyVoice2Request(None, "", "hello"), "r1", lambda s: recorded.append(dict(s)))
 
 
