@@ -72,10 +72,22 @@ def test_first_chunk_stages_are_recorded_after_the_chunk_is_taken(tmp_path, make
     assert rest and len(recorded) == 1
 
 
-@pytest.mark.parametrize("make", [spark_stream, cosyvoice2_stream], ids=["spark", "cosyvoice2"])
-def test_a_stream_closed_at_its_first_chunk_records_nothing(tmp_path, make):
+@pytest.mark.parametrize(
+    "make, stages",
+    [(spark_stream, SPARK_STAGES), (cosyvoice2_stream, COSYVOICE2_STAGES)],
+    ids=["spark", "cosyvoice2"],
+)
+def test_a_stream_closed_after_its_first_chunk_records_it_once(tmp_path, make, stages):
     recorded, vocoded = [], []
     chunks = make(tmp_path, recorded, vocoded)
     next(chunks)
+    assert recorded == []
     chunks.close()
-    assert len(vocoded) == 1 and recorded == []
+    assert len(vocoded) == 1 and len(recorded) == 1 and tuple(recorded[0]) == stages
+
+
+@pytest.mark.parametrize("make", [spark_stream, cosyvoice2_stream], ids=["spark", "cosyvoice2"])
+def test_a_stream_closed_before_its_first_chunk_records_nothing(tmp_path, make):
+    recorded, vocoded = [], []
+    make(tmp_path, recorded, vocoded).close()
+    assert vocoded == [] and recorded == []

@@ -188,7 +188,7 @@ class CosyVoice2Service:
 
         A chunk is vocoded once `token_offset + hop + pre_lookahead` tokens exist; the last call finalizes.
         `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` once the first chunk has been taken
-        from this generator (sent). Closing this generator early closes the LLM stream, which cancels generation.
+        from this generator (sent) and this generator resumed or closed. Closing this generator early closes the LLM stream, which cancels generation.
         """
         timer = StageTimer()
         voice = self.voice(request)
@@ -295,9 +295,11 @@ class CosyVoice2Service:
                     next_offset = offset + hop
                     if index == 0:
                         timer.mark("token2wav")
-                    yield audio
-                    if index == 0 and on_first_chunk is not None:
-                        on_first_chunk(timer.stages)  # once the chunk is sent: recording never delays it
+                    try:
+                        yield audio
+                    finally:  # once the chunk is sent (or the stream closed after it): recording never delays it
+                        if index == 0 and on_first_chunk is not None:
+                            on_first_chunk(timer.stages)
                     offset += hop
                     hop = self.schedule.next_hop(index, offset, len(tokens), time.monotonic() - started)
                     index += 1

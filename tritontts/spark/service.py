@@ -308,7 +308,7 @@ class SparkTTSService:
         """Audio chunks that overlap by the schedule's overlap, for the client to cross-fade.
 
         `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` once the first chunk has been taken
-        from this generator (sent), so that recording them never delays it.
+        from this generator (sent) and this generator resumed or closed, so that recording them never delays it.
         Closing this generator early (a cancelled request) closes the LLM stream, which cancels generation.
         """
         timer = StageTimer()
@@ -328,9 +328,11 @@ class SparkTTSService:
             vocoded += 1
             if first:
                 timer.mark("vocoder")
-            yield audio
-            if first and on_first_chunk is not None:
-                on_first_chunk(timer.stages)
+            try:
+                yield audio
+            finally:  # once it is sent, or its stream closed after it was
+                if first and on_first_chunk is not None:
+                    on_first_chunk(timer.stages)
 
         try:
             for ids in stream:
