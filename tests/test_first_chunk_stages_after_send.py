@@ -54,11 +54,11 @@ def cosyvoice2_stream(tmp_path, recorded: list, vocoded: list):
     return service.stream(CosyVoice2Request(None, "", "hello"), "r1", lambda s: recorded.append(dict(s)))
 
 
-@pytest.mark.parametrize(
-    "make, stages",
-    [(spark_stream, SPARK_STAGES), (cosyvoice2_stream, COSYVOICE2_STAGES)],
-    ids=["spark", "cosyvoice2"],
-)
+FAMILIES = [(spark_stream, SPARK_STAGES), (cosyvoice2_stream, COSYVOICE2_STAGES)]
+IDS = ["spark", "cosyvoice2"]
+
+
+@pytest.mark.parametrize("make, stages", FAMILIES, ids=IDS)
 def test_first_chunk_stages_are_recorded_after_the_chunk_is_taken(tmp_path, make, stages):
     recorded, vocoded = [], []
     chunks = make(tmp_path, recorded, vocoded)
@@ -72,11 +72,7 @@ def test_first_chunk_stages_are_recorded_after_the_chunk_is_taken(tmp_path, make
     assert rest and len(recorded) == 1
 
 
-@pytest.mark.parametrize(
-    "make, stages",
-    [(spark_stream, SPARK_STAGES), (cosyvoice2_stream, COSYVOICE2_STAGES)],
-    ids=["spark", "cosyvoice2"],
-)
+@pytest.mark.parametrize("make, stages", FAMILIES, ids=IDS)
 def test_a_stream_closed_after_its_first_chunk_records_it_once(tmp_path, make, stages):
     recorded, vocoded = [], []
     chunks = make(tmp_path, recorded, vocoded)
@@ -86,7 +82,7 @@ def test_a_stream_closed_after_its_first_chunk_records_it_once(tmp_path, make, s
     assert len(vocoded) == 1 and len(recorded) == 1 and tuple(recorded[0]) == stages
 
 
-@pytest.mark.parametrize("make", [spark_stream, cosyvoice2_stream], ids=["spark", "cosyvoice2"])
+@pytest.mark.parametrize("make", [make for make, _ in FAMILIES], ids=IDS)
 def test_a_stream_closed_before_its_first_chunk_records_nothing(tmp_path, make):
     recorded, vocoded = [], []
     make(tmp_path, recorded, vocoded).close()

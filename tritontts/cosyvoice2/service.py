@@ -188,7 +188,8 @@ class CosyVoice2Service:
 
         A chunk is vocoded once `token_offset + hop + pre_lookahead` tokens exist; the last call finalizes.
         `on_first_chunk` gets the seconds of each of `FIRST_CHUNK_STAGES` once the first chunk has been taken
-        from this generator (sent) and this generator resumed or closed. Closing this generator early closes the LLM stream, which cancels generation.
+        from this generator (sent) and this generator resumed or closed. Closing this generator early closes the
+        LLM stream, which cancels generation.
         """
         timer = StageTimer()
         voice = self.voice(request)
