@@ -83,6 +83,7 @@ bls_instance_num=auto               # BLS instances, each holding one request at
 audio_tokenizer_instance_num=1
 vocoder_instance_num=1
 vocoder_cuda_graphs=auto            # spark_tts: BiCodec's padded vocoder passes replayed from CUDA graphs: auto (on CUDA) | true | false
+vocoder_compile=false               # spark_tts: those passes compiled by torch.compile (fused Snake activations and frame masks; about a minute more at load): false | auto (where there are graphs) | true
 model_device=auto                   # audio tokenizer and vocoder: auto | cuda | cpu
 server_timeout=600                  # seconds stage 3 waits for readiness
 gpus=""                             # stages 2-5 on several GPUs (e.g. 0,1,2,3), as --gpu_layout says; "": one server on the environment's GPUs
@@ -236,6 +237,7 @@ fi
 [[ "$llm_stream_interval" =~ ^(auto|[1-9][0-9]*)$ ]] || { echo "run.sh: --llm_stream_interval must be auto or a positive integer" >&2; exit 2; }
 case "$token2wav_cuda_graphs" in auto|true|false) ;; *) echo "run.sh: --token2wav_cuda_graphs must be auto, true or false" >&2; exit 2 ;; esac
 case "$token2wav_compile" in auto|true|false) ;; *) echo "run.sh: --token2wav_compile must be auto, true or false" >&2; exit 2 ;; esac
+case "$vocoder_compile" in auto|true|false) ;; *) echo "run.sh: --vocoder_compile must be auto, true or false" >&2; exit 2 ;; esac
 flow_compile=$token2wav_compile   # auto: the model compiles where it has graphs (on CUDA)
 [[ "$token2wav_instance_num" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --token2wav_instance_num must be a positive integer" >&2; exit 2; }
 [[ "$onnx_threads" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --onnx_threads must be a positive integer" >&2; exit 2; }
@@ -654,7 +656,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     fill "$model_repo/audio_tokenizer/config.pbtxt" \
       "model_dir:${abs_model_dir},${common},instance_num:${audio_tokenizer_instance_num},device:${model_device},max_reference_seconds:${max_reference_seconds}"
     fill "$model_repo/vocoder/config.pbtxt" \
-      "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device},cuda_graphs:${vocoder_cuda_graphs},first_chunk_priority:${first_chunk_priority}"
+      "model_dir:${abs_model_dir},${common},instance_num:${vocoder_instance_num},device:${model_device},cuda_graphs:${vocoder_cuda_graphs},compile:${vocoder_compile},first_chunk_priority:${first_chunk_priority}"
     fill "$model_repo/spark_tts/config.pbtxt" \
       "bls_instance_num:${bls_instance_num},llm_tokenizer_dir:${abs_llm_dir},${common},decoupled_mode:${decoupled},audio_chunk_duration:${audio_chunk_duration},max_audio_chunk_duration:${max_audio_chunk_duration},audio_chunk_size_scale_factor:${audio_chunk_size_scale_factor},audio_chunk_overlap_duration:${audio_chunk_overlap_duration},max_new_tokens:${max_new_tokens},max_text_length:${max_text_length},text_normalization:${text_normalization},max_reference_seconds:${max_reference_seconds}"
   fi

@@ -75,7 +75,7 @@ def build_reliability_models(repo: Path, data: Path) -> None:
     model_dir = write_spark_checkpoint(data / "spark_tiny", preset="tiny", seed=0).resolve()
     front = f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu"
     install("audio_tokenizer", repo, TOKENIZER, f"{front},max_reference_seconds:30")
-    install("vocoder", repo, VOCODER, f"{front},cuda_graphs:auto,first_chunk_priority:false")
+    install("vocoder", repo, VOCODER, f"{front},cuda_graphs:auto,compile:auto,first_chunk_priority:false")
     for name, decoupled, slots in ((LLM_STREAM, True, LLM_SLOTS), (LLM_OFFLINE, False, 8)):
         install(
             "tensorrt_llm_torch",

@@ -87,7 +87,7 @@ def build_spark_models(repo: Path, data: Path) -> None:
         "vocoder",
         repo,
         "vocoder",
-        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto,first_chunk_priority:false",
+        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto,compile:auto,first_chunk_priority:false",
     )
     for name, decoupled, slots, interval in (
         ("tensorrt_llm", True, LLM_SLOTS, "auto"),

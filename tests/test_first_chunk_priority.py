@@ -100,7 +100,7 @@ def build_spark_priority_models(repo: Path, data: Path) -> None:
         "vocoder",
         repo,
         SPARK_VOCODER,
-        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto,first_chunk_priority:true",
+        f"model_dir:{model_dir},{COMMON},instance_num:1,device:cpu,cuda_graphs:auto,compile:auto,first_chunk_priority:true",
     )
     install(
         "tensorrt_llm_torch",

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from tritontts.cuda_graphs import compile_wanted
 from tritontts.spark.bicodec import load_bicodec
 from tritontts.spark.frame_mask import temporal_convs
 from tritontts.spark.layers import WNConvTranspose1d
@@ -93,3 +94,22 @@ def test_passes_warmed_at_load_are_the_ones_requests_replay(bicodec, tokens):
     assert detokenizer.graphs.replays - replays == len(detokenizer.plan(LENGTHS)) == 3
     for g, s, audio in zip(*tokens, audios):
         np.testing.assert_allclose(audio, alone(bicodec, g, s), atol=2e-5)
+
+
+def test_compiled_passes_equal_each_item_alone(bicodec, tokens):
+    one_shape = PaddedPasses(frame_buckets=(64,), batch_buckets=(1,), max_padded_frames=64, warm_frames=0)
+    detokenizer = PaddedDetokenizer(bicodec, one_shape, bucketed=True, compile=True)
+    assert detokenizer.run_pass is not detokenizer._pass
+    (g0, _, g2, *_), (s0, _, s2, *_) = tokens  # 37 and 60 frames, each padded to 64: one compilation
+    audios = detokenizer.detokenize([g0, g2], [s0, s2])
+    for g, s, audio in zip([g0, g2], [s0, s2], audios):
+        np.testing.assert_allclose(audio, alone(bicodec, g, s), atol=2e-5)
+
+
+def test_the_vocoder_compile_parameter():
+    assert compile_wanted("auto", graphs=True) and not compile_wanted("auto", graphs=False)
+    assert compile_wanted("true", graphs=True) and not compile_wanted("false", graphs=True)
+    with pytest.raises(ValueError, match="compile true needs CUDA graphs"):
+        compile_wanted("true", graphs=False)
+    with pytest.raises(ValueError, match="compile must be auto, true or false, got 'yes'"):
+        compile_wanted("yes", graphs=True)

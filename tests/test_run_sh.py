@@ -214,6 +214,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         ("token2wav_compile", "auto"),
         ("token2wav_first_chunks_first", "auto"),
         ("token2wav_voice_prefix_gib", "auto"),
+        ("vocoder_compile", "false"),
     ):
         assert f"\n  --{option} [{default}]" in done.stdout
 
@@ -233,6 +234,7 @@ def test_help_lists_the_cosyvoice2_knobs():
         (["--model", "cosyvoice2", "--llm_decode_attention", "flash"], "--llm_decode_attention must be"),
         (["--llm_decode_linear", "cutlass"], "--llm_decode_linear must be auto, triton or torch"),
         (["--llm_decode_pdl", "yes"], "--llm_decode_pdl must be auto, true or false"),
+        (["--vocoder_compile", "yes"], "--vocoder_compile must be auto, true or false"),
         (
             ["--model", "cosyvoice2", "--token2wav_compile", "yes"],
             "--token2wav_compile must be auto, true or false",

@@ -80,6 +80,8 @@ NEEDS_GPU = {
     "bench_norm_linear.py": KERNEL_BENCH.format("tests/test_norm_linear.py"),
     "bench_skinny_linear.py": KERNEL_BENCH.format("tests/test_skinny_linear.py"),
     "bench_topk.py": KERNEL_BENCH.format("tests/test_top_k.py"),
+    "bench_vocoder_compile.py": "BiCodec's passes in CUDA graphs, eager against compiled, timed on a GPU; "
+    "tests/test_padded_detokenize.py checks the compiled passes against each item alone on the CPU",
 }
 NOT_RUN = {
     "build_python_stub.py": "builds Triton's python-backend stub from source (git, CMake, minutes of C++); "

@@ -130,6 +130,16 @@ def graphs_wanted(switch: str, device: torch.device) -> bool:
     return switch == "true" or (switch == "auto" and device.type == "cuda")
 
 
+def compile_wanted(switch: str, graphs: bool, name: str = "compile") -> bool:
+    """A deployment's switch for torch.compile inside its CUDA graphs: auto (where there are graphs), true (graphs
+    required) or false."""
+    if switch not in ("auto", "true", "false"):
+        raise ValueError(f"{name} must be auto, true or false, got {switch!r}")
+    if switch == "true" and not graphs:
+        raise ValueError(f"{name} true needs CUDA graphs (cuda_graphs auto or true on CUDA)")
+    return switch == "true" or (switch == "auto" and graphs)
+
+
 def flow_graph_config(
     switch: str, batch_sizes: str, device: torch.device, compile: str = "false", stream_calls: str = "true"
 ) -> FlowGraphConfig | None:

@@ -29,8 +29,10 @@ class SparkCodec:
         cuda_graphs: bool = True,
         passes: PaddedPasses | None = None,
         reference_bucket: int | None = None,
+        compile_vocoder: bool = False,
     ) -> None:
-        """`cuda_graphs`: on CUDA, detokenize replays its padded passes from CUDA graphs (see PaddedDetokenizer).
+        """`cuda_graphs`: on CUDA, detokenize replays its padded passes from CUDA graphs (see PaddedDetokenizer);
+        `compile_vocoder`: the passes compiled by torch.compile (captured so where there are graphs).
         `reference_bucket`: tokenize pads reference audio to a multiple of this many samples (default one
         second on CUDA, where a new length costs convolution plans, with wav2vec2's per-frame layer norm; none
         elsewhere)."""
@@ -38,7 +40,9 @@ class SparkCodec:
         self.device = resolve_device(device)
         self.config = SparkAudioConfig.from_yaml(model_dir / "config.yaml")
         self.bicodec = load_bicodec(model_dir / "BiCodec", self.device, dtype)
-        self.detokenizer = PaddedDetokenizer(self.bicodec, passes, cuda_graphs=cuda_graphs)
+        self.detokenizer = PaddedDetokenizer(
+            self.bicodec, passes, cuda_graphs=cuda_graphs, compile=compile_vocoder
+        )
         self.wav2vec2 = (
             load_wav2vec2(model_dir / "wav2vec2-large-xlsr-53", self.device, dtype)
             if with_tokenizer

@@ -7,6 +7,9 @@ zero padding. An item's audio in a padded pass therefore equals its audio alone,
 On CUDA, passes are padded to frame and batch buckets and replayed from CUDA graphs captured per bucket pair
 (the vocoder's lengths are a new one per offline request: eager calls would pay cuDNN's plans and a few hundred
 launches each time). On the CPU, a pass is padded to its longest item only.
+
+With `compile`, a pass is BiCodec as torch.compile makes it (sizes dynamic; inductor fuses each Snake activation and
+frame mask into fewer kernels), and the graphs hold that.
 """
 
 from __future__ import annotations
@@ -60,25 +63,27 @@ class PaddedDetokenizer:
         bucketed: bool | None = None,
         cuda_graphs: bool = True,
         capture: Capture | None = None,
+        compile: bool = False,
     ) -> None:
         """`bucketed` (default: on CUDA) pads passes to the buckets; CUDA graphs need it and a CUDA model, unless
-        `capture` stands in for CUDA graph capture (tests)."""
+        `capture` stands in for CUDA graph capture (tests). `compile`: passes run compiled by torch.compile."""
         self.bicodec = bicodec
         self.passes = passes or PaddedPasses()
         self.device = bicodec.quantizer.codebook.weight.device
         self.bucketed = self.device.type == "cuda" if bucketed is None else bucketed
         self.mask = FrameMask(temporal_convs(bicodec.prenet) + temporal_convs(bicodec.decoder))
+        self.run_pass = torch.compile(self._pass, dynamic=True) if compile else self._pass
         graphs = self.bucketed and cuda_graphs and (self.device.type == "cuda" or capture is not None)
         self.graphs = (
             ShapeGraphs(
-                self._run, self.device, self.passes.graphs, "BiCodec detokenize", capture or capture_graph
+                self.run_pass, self.device, self.passes.graphs, "BiCodec detokenize", capture or capture_graph
             )
             if graphs
             else None
         )
 
-    @torch.inference_mode()
-    def _run(self, global_tokens: Tensor, semantic_tokens: Tensor, lengths: Tensor) -> Tensor:
+    def _pass(self, global_tokens: Tensor, semantic_tokens: Tensor, lengths: Tensor) -> Tensor:
+        """One padded pass; called under `detokenize`'s inference mode (torch.compile traces it there too)."""
         bicodec = self.bicodec
         speaker = bicodec.speaker_vector(global_tokens)
         latents = bicodec.quantizer.detokenize(semantic_tokens)
@@ -127,7 +132,7 @@ class PaddedDetokenizer:
                     lengths[index],
                 )
             tensors = [torch.from_numpy(a).to(self.device) for a in (g, s, n)]
-            call = self.graphs if self.graphs is not None else self._run
+            call = self.graphs if self.graphs is not None else self.run_pass
             audio = call(*tensors).float().cpu().numpy()
             for row, index in enumerate(items):
                 audios[index] = audio[row, : lengths[index] * hop]

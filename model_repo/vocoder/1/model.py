@@ -1,6 +1,7 @@
 """BiCodec vocoder: the requests of one execute are turned into audio in a few padded passes, each request's audio
 as it would be alone; on CUDA the passes replay from CUDA graphs (parameter `cuda_graphs`: auto | true | false),
-the shorter ones captured at load. With `first_chunk_priority`, an execute holding a stream's first chunk
+the shorter ones captured at load; parameter `compile` (false | auto = where there are graphs | true) makes them
+passes of BiCodec compiled by torch.compile. With `first_chunk_priority`, an execute holding a stream's first chunk
 (`first_chunk`) holds the LLM on this GPU (tritontts.triton.first_chunk_priority)."""
 
 import json
@@ -8,7 +9,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritontts.cuda_graphs import graphs_wanted
+from tritontts.cuda_graphs import compile_wanted, graphs_wanted
 from tritontts.spark.codec import SparkCodec
 from tritontts.triton.debug import enable_stack_dumps
 from tritontts.triton.first_chunk_priority import first_chunk_holder, holding
@@ -40,7 +41,11 @@ class TritonPythonModel:
         device = instance_device(args, model_param(config, "device", default="auto"))
         graphs = graphs_wanted(model_param(config, "cuda_graphs", default="auto"), device)
         self.codec = SparkCodec(
-            model_param(config, "model_dir"), device, with_tokenizer=False, cuda_graphs=graphs
+            model_param(config, "model_dir"),
+            device,
+            with_tokenizer=False,
+            cuda_graphs=graphs,
+            compile_vocoder=compile_wanted(model_param(config, "compile", default="false"), graphs),
         )
         self.holder = first_chunk_holder(config, args, device)
         captured = self.codec.detokenizer.warm()
