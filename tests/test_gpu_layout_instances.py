@@ -84,8 +84,8 @@ def test_the_spark_vocoder_model_builds_its_codec_on_the_instance_gpu(set_device
     built = {}
 
     class Codec:
-        def __init__(self, model_dir, device, with_tokenizer, cuda_graphs):
-            built.update(model_dir=model_dir, device=device, cuda_graphs=cuda_graphs)
+        def __init__(self, model_dir, device, with_tokenizer, cuda_graphs, compile_vocoder):
+            built.update(model_dir=model_dir, device=device, cuda_graphs=cuda_graphs, compile=compile_vocoder)
             self.detokenizer = types.SimpleNamespace(warm=lambda: 0)
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("pb_utils_stand_in"))
@@ -95,7 +95,12 @@ def test_the_spark_vocoder_model_builds_its_codec_on_the_instance_gpu(set_device
     monkeypatch.setattr(module, "SparkCodec", Codec)
     config = '{"name": "vocoder", "parameters": {"model_dir": {"string_value": "/ckpt"}}}'
     module.TritonPythonModel().initialize({**GPU_ARGS, "model_config": config})
-    assert built == {"model_dir": "/ckpt", "device": torch.device("cuda", 2), "cuda_graphs": True}
+    assert built == {
+        "model_dir": "/ckpt",
+        "device": torch.device("cuda", 2),
+        "cuda_graphs": True,
+        "compile": False,  # the `compile` parameter's default
+    }
     assert set_device == [2]
 
 
