@@ -41,11 +41,21 @@ TRACE_EVERY_REQUEST = "--trace-config rate=1 --trace-config level=TIMESTAMPS"
 pytestmark = pytest.mark.slow
 
 
+def ephemeral_ports_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_base(count: int, taken: set[int]) -> int:
-    """A port `base` such that base+1 .. base+count are free now and not in `taken`."""
+    """A port `base` such that base+1 .. base+count are free now and not in `taken`, below the kernel's ephemeral
+    range where it can: there neither another test's server (free_ports) nor an outgoing connection is given one of
+    them before this test's servers bind it."""
     rng = random.Random()
+    top = ephemeral_ports_start() - count - 1
     while True:
-        base = rng.randrange(20000, 60000)
+        base = rng.randrange(20000, top if top > 21000 else 60000)
         ports = range(base + 1, base + count + 1)
         if taken.intersection(ports):
             continue
