@@ -130,13 +130,15 @@ def graphs_wanted(switch: str, device: torch.device) -> bool:
     return switch == "true" or (switch == "auto" and device.type == "cuda")
 
 
-def compile_wanted(switch: str, graphs: bool, name: str = "compile") -> bool:
+def compile_wanted(
+    switch: str, graphs: bool, name: str = "compile", graphs_name: str = "CUDA graphs"
+) -> bool:
     """A deployment's switch for torch.compile inside its CUDA graphs: auto (where there are graphs), true (graphs
     required) or false."""
     if switch not in ("auto", "true", "false"):
         raise ValueError(f"{name} must be auto, true or false, got {switch!r}")
     if switch == "true" and not graphs:
-        raise ValueError(f"{name} true needs CUDA graphs (cuda_graphs auto or true on CUDA)")
+        raise ValueError(f"{name} true needs {graphs_name} (cuda_graphs auto or true on CUDA)")
     return switch == "true" or (switch == "auto" and graphs)
 
 
@@ -146,15 +148,11 @@ def flow_graph_config(
     """A deployment's `cuda_graphs` (auto: on for CUDA), `cuda_graph_batch_sizes` ("1,2,4,8"), `flow_compile`
     (auto: where there are graphs; true: graphs required) and `stream_calls` (false: an offline deployment, whose
     calls are whole utterances, so only the non-streaming graphs are captured) parameters."""
-    if compile not in ("auto", "true", "false"):
-        raise ValueError(f"flow_compile must be auto, true or false, got {compile!r}")
+    graphs = graphs_wanted(switch, device)
+    compiled = compile_wanted(compile, graphs, "flow_compile", "the flow's CUDA graphs")
     if stream_calls not in ("true", "false"):
         raise ValueError(f"stream_calls must be true or false, got {stream_calls!r}")
-    if not graphs_wanted(switch, device):
-        if compile == "true":
-            raise ValueError(
-                "flow_compile true needs the flow's CUDA graphs (cuda_graphs auto or true on CUDA)"
-            )
+    if not graphs:
         return None
     try:
         sizes = tuple(sorted({int(b) for b in batch_sizes.split(",")}))
@@ -163,4 +161,4 @@ def flow_graph_config(
             f"cuda_graph_batch_sizes must be comma-separated integers, got {batch_sizes!r}"
         ) from None
     streaming = (False, True) if stream_calls == "true" else (False,)
-    return FlowGraphConfig(batch_sizes=sizes, streaming=streaming, compile=compile != "false")
+    return FlowGraphConfig(batch_sizes=sizes, streaming=streaming, compile=compiled)
